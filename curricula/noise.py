@@ -1,0 +1,27 @@
+"""The noise draw: which search results (or result slots) are noisy, reproducibly from (seed, step)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def draw_noise(
+    *, seed: int, step: int, call: int, n_requests: int, k: int, p: float, granularity: str = "call"
+) -> list[tuple[bool, ...]]:
+    """Per-request noise patterns of ``k`` slots each.
+
+    ``granularity="call"`` (ZeroSearch): one Bernoulli(p) per request, so all k documents are noisy or all
+    useful. ``granularity="document"``: one Bernoulli(p) per slot. The generator is seeded from
+    ``(seed, step, call)`` — ``call`` numbers the search calls within a step — so a resumed or repeated run
+    draws the same pattern.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"noise probability must be in [0, 1], got {p}")
+    rng = np.random.default_rng([seed, step, call])
+    if granularity == "call":
+        flags = rng.random(n_requests) < p
+        return [(bool(f),) * k for f in flags]
+    if granularity == "document":
+        grid = rng.random((n_requests, k)) < p
+        return [tuple(bool(x) for x in row) for row in grid]
+    raise ValueError(f"unknown noise granularity {granularity!r}; valid: call, document")

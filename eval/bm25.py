@@ -1,0 +1,113 @@
+"""BM25 over a passage corpus with bm25s (English stopwords, Snowball stemming via PyStemmer)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from zerosim.search import Document, SearchError, SearchRequest
+
+
+class BM25Retriever:
+    """Sparse lexical retrieval; implements :class:`zerosim.search.SearchEngine`.
+
+    Curriculum noise in requests is not applied here (documents come back with ``noisy=None``).
+    """
+
+    def __init__(self, docs: Sequence[Document], *, stopwords: str = "en", stemmer_language: str = "english"):
+        import bm25s
+        import Stemmer
+
+        if not docs:
+            raise ValueError("BM25Retriever needs a non-empty corpus")
+        self.docs = list(docs)
+        self.stopwords = stopwords
+        self.stemmer_language = stemmer_language
+        self._stemmer = Stemmer.Stemmer(stemmer_language)
+        self._bm25s = bm25s
+        self.retriever: bm25s.BM25 | None = None
+
+    def index(self, show_progress: bool = False) -> BM25Retriever:
+        tokens = self._bm25s.tokenize(
+            [d.contents for d in self.docs],
+            stopwords=self.stopwords,
+            stemmer=self._stemmer,
+            show_progress=show_progress,
+        )
+        self.retriever = self._bm25s.BM25()
+        self.retriever.index(tokens, show_progress=show_progress)
+        return self
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
+        if self.retriever is None:
+            raise SearchError("BM25Retriever.search called before index() or load()")
+        if not requests:
+            return []
+        k_eff = min(k, len(self.docs))
+        queries = [r.query for r in requests]
+        tokens = self._bm25s.tokenize(
+            queries, stopwords=self.stopwords, stemmer=self._stemmer, show_progress=False, return_ids=False
+        )
+        # Only index-vocabulary tokens can be scored. A query with none (all stopwords or unseen words)
+        # matches nothing: it gets the first k passages with score 0, as an all-zero BM25 ranking would.
+        vocab = self.retriever.vocab_dict
+        known = [[t for t in toks if t in vocab] for toks in tokens]
+        scorable = [i for i, toks in enumerate(known) if toks]
+        indices = [list(range(k_eff))] * len(queries)
+        scores = [[0.0] * k_eff] * len(queries)
+        if scorable:
+            found, found_scores = self.retriever.retrieve(
+                [known[i] for i in scorable], k=k_eff, show_progress=False, n_threads=1
+            )
+            for row, i in enumerate(scorable):
+                indices[i], scores[i] = found[row], found_scores[row]
+        results: list[list[Document]] = []
+        for row_idx, row_scores in zip(indices, scores, strict=True):
+            docs = [self.docs[int(i)] for i in row_idx]
+            results.append(
+                [
+                    Document(id=d.id, title=d.title, text=d.text, score=float(s))
+                    for d, s in zip(docs, row_scores, strict=True)
+                ]
+            )
+        return results
+
+    def save(self, index_dir: str | Path) -> Path:
+        """Write the index and its documents to ``index_dir`` (temp dir, then rename)."""
+        if self.retriever is None:
+            raise ValueError("nothing to save: call index() first")
+        index_dir = Path(index_dir)
+        index_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=index_dir.parent))
+        try:
+            self.retriever.save(str(tmp / "bm25s"))
+            with open(tmp / "docs.jsonl", "w", encoding="utf-8") as f:
+                for d in self.docs:
+                    f.write(json.dumps({"id": d.id, "contents": d.contents}, ensure_ascii=False) + "\n")
+            meta = {"kind": "bm25", "stopwords": self.stopwords, "stemmer": self.stemmer_language}
+            (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+            if index_dir.exists():
+                shutil.rmtree(index_dir)
+            tmp.rename(index_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return index_dir
+
+    @classmethod
+    def load(cls, index_dir: str | Path) -> BM25Retriever:
+        import bm25s
+
+        from zerosim.data.qa import load_corpus
+
+        index_dir = Path(index_dir)
+        meta_path = index_dir / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{index_dir} is not a BM25 index (no meta.json); build one with BM25Retriever.save")
+        meta = json.loads(meta_path.read_text())
+        self = cls(load_corpus(index_dir / "docs.jsonl"), stopwords=meta["stopwords"], stemmer_language=meta["stemmer"])
+        self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
+        return self

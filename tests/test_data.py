@@ -1,0 +1,364 @@
+"""The Factbook corpus/QA builder and the FlashRAG QA and corpus loaders."""
+
+import json
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from zerosim.data import DataError, QAExample, build_factbook, factbook, load_corpus, load_qa
+from zerosim.metrics import normalize_answer
+
+SPLITS = ("train", "dev", "test")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The full build, done twice (for the determinism check) once per test module."""
+    first = build_factbook(tmp_path_factory.mktemp("a") / "factbook", progress=False)
+    second = build_factbook(tmp_path_factory.mktemp("b") / "factbook", seed=0, progress=False)
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def corpus(built) -> dict[str, str]:
+    return {row["id"]: row["contents"] for row in read_jsonl(built[0].corpus)}
+
+
+@pytest.fixture(scope="module")
+def questions(built) -> dict[str, list[dict]]:
+    return {split: read_jsonl(getattr(built[0], split)) for split in SPLITS}
+
+
+@pytest.fixture
+def few_entries(monkeypatch):
+    """Make the builder see only Peru, Spain, Chile and the World entry: a build in a fraction of a second."""
+    files = [(code, raw) for code, raw in factbook._data_files() if code in {"pe", "sp", "ci", "xx"}]
+    monkeypatch.setattr(factbook, "_data_files", lambda: files)
+
+
+# ------------------------------------------------------------------------------------------- builder
+
+
+def test_build_is_byte_identical(built):
+    first, second = built
+    for name in ("corpus", *SPLITS):
+        a, b = getattr(first, name).read_bytes(), getattr(second, name).read_bytes()
+        assert a == b, f"{name}.jsonl differs between two builds"
+        assert b"\r" not in a and a.endswith(b"\n")
+
+
+def test_counts_match_files(built, corpus, questions):
+    paths = built[0]
+    assert paths.num_passages == len(corpus) > 30_000
+    assert (paths.num_train, paths.num_dev, paths.num_test) == tuple(len(questions[s]) for s in SPLITS)
+
+
+def test_corpus_rows_are_flashrag(built):
+    row = json.loads(built[0].corpus.read_text(encoding="utf-8").splitlines()[0])
+    assert set(row) == {"id", "contents"}
+    title, text = row["contents"].split("\n", 1)
+    assert text.startswith(f"{title}: ")
+
+
+def test_passages_are_about_100_words(corpus):
+    words = [len(contents.split("\n", 1)[1].split()) for contents in corpus.values()]
+    assert max(words) <= factbook.MAX_PASSAGE_WORDS
+    assert 10 <= statistics.median(words) <= 100
+    chunked = [pid for pid in corpus if pid.endswith("-1")]  # long fields were cut into several chunks
+    assert len(chunked) > 100
+    assert "pe-introduction-background-1" in corpus
+
+
+def test_every_passage_names_its_country(corpus):
+    for pid, contents in corpus.items():
+        title, text = contents.split("\n", 1)
+        country = title.split(" - ")[0]
+        assert text.startswith(f"{country} - "), pid
+        assert country.lower() != "none", pid
+    # overrides for entries whose short name is "none", an abbreviation or a fragment
+    assert corpus["ae-government-capital-0"].startswith("United Arab Emirates - Government - Capital\n")
+    assert corpus["cg-government-capital-0"].startswith("Democratic Republic of the Congo - ")
+    assert corpus["dr-government-capital-0"].startswith("Dominican Republic - ")
+    assert corpus["xx-introduction-background-0"].startswith("World - ")
+    peru = corpus["pe-government-capital-0"].split("\n", 1)[1]
+    assert peru.startswith("Peru - Government - Capital: name: Lima; ")
+
+
+def test_no_html_left(corpus):
+    for pid, contents in corpus.items():
+        assert not re.search(r"<[A-Za-z/]|&[A-Za-z]+;|&#\d+;", contents), pid
+    assert "Perú" in corpus["pe-government-country-name-0"]  # &uacute; decoded
+
+
+def test_clean_html():
+    assert factbook.clean_html("Catholic &lt;1%, <strong>note:</strong> x") == "Catholic <1%, note: x"
+    assert factbook.clean_html("a&amp;nbsp;b") == "a b"  # double-escaped entity
+    assert factbook.clean_html("one<br><br>two <em>Rimak</em>,") == "one two Rimak,"
+
+
+def test_peru_questions(questions):
+    rows = {row["id"]: row for split in SPLITS for row in questions[split]}
+    expected = {
+        "pe-capital": "Lima",
+        "pe-internet_code": ".pe",
+        "pe-government_type": "presidential republic",
+        "pe-independence": "28 July 1821",
+        "pe-currency": "nuevo sol",
+        "pe-nationality": "Peruvian",
+        "pe-long_form": "Republic of Peru",
+        "pe-capital_via_internet_code": "Lima",
+    }
+    for qid, answer in expected.items():
+        assert rows[qid]["golden_answers"] == [answer], qid
+        assert rows[qid]["metadata"]["country"] == "Peru"
+    assert "Peru" in rows["pe-capital"]["question"]
+    two_hop = rows["pe-capital_via_internet_code"]
+    assert two_hop["question"].endswith("the country whose internet country code is .pe?")
+    assert "Peru" not in two_hop["question"]
+    assert two_hop["metadata"]["hops"] == 2
+    # bridge evidence first, then the passage the answer was taken from
+    assert two_hop["metadata"]["passage_ids"][:2] == [
+        "pe-communications-internet-country-code-0",
+        "pe-government-capital-0",
+    ]
+
+
+def test_every_gold_answer_is_in_its_passages(corpus, questions):
+    for split in SPLITS:
+        for row in questions[split]:
+            assert set(row) == {"id", "question", "golden_answers", "metadata"}
+            meta = row["metadata"]
+            assert set(meta) == {"kind", "hops", "country", "passage_ids"}
+            assert meta["passage_ids"], row["id"]
+            texts = [normalize_answer(corpus[pid]) for pid in meta["passage_ids"]]
+            assert all(normalize_answer(meta["country"]) in t for t in texts), row["id"]
+            for answer in row["golden_answers"]:
+                assert answer and answer == answer.strip()
+                assert any(normalize_answer(answer) in t for t in texts), row["id"]
+                assert f" {normalize_answer(answer)} " not in f" {normalize_answer(row['question'])} ", row[
+                    "id"
+                ]
+
+
+def test_several_kinds_and_two_hop(questions):
+    rows = [row for split in SPLITS for row in questions[split]]
+    one_hop = Counter(r["metadata"]["kind"] for r in rows if r["metadata"]["hops"] == 1)
+    two_hop = Counter(r["metadata"]["kind"] for r in rows if r["metadata"]["hops"] == 2)
+    assert len(one_hop) >= 7 and min(one_hop.values()) >= 20
+    assert one_hop["capital"] > 150 and one_hop["internet_code"] > 150
+    assert len(two_hop) >= 3 and sum(two_hop.values()) > 300
+    for split in SPLITS:  # two-hop questions land in every split
+        assert any(r["metadata"]["hops"] == 2 for r in questions[split]), split
+    assert not any(r["metadata"]["country"] in r["question"] for r in rows if r["metadata"]["hops"] == 2)
+
+
+def test_splits_are_sane_and_disjoint(questions):
+    sizes = {split: len(questions[split]) for split in SPLITS}
+    total = sum(sizes.values())
+    assert total > 1500
+    assert 0.7 < sizes["train"] / total < 0.9
+    assert 0.05 < sizes["dev"] / total < 0.15 and 0.05 < sizes["test"] / total < 0.15
+    ids = [row["id"] for split in SPLITS for row in questions[split]]
+    texts = [row["question"] for split in SPLITS for row in questions[split]]
+    assert len(set(ids)) == len(ids)
+    assert len(set(texts)) == len(texts)
+    for split in SPLITS:
+        assert all(factbook.split_of(row["id"]) == split for row in questions[split])
+        assert [row["id"] for row in questions[split]] == sorted(row["id"] for row in questions[split])
+
+
+def test_seed_changes_phrasing_not_splits(tmp_path, few_entries):
+    a = build_factbook(tmp_path / "a", seed=0, progress=False)
+    b = build_factbook(tmp_path / "b", seed=1, progress=False)
+    assert a.corpus.read_bytes() == b.corpus.read_bytes()
+    for split in SPLITS:
+        rows_a, rows_b = read_jsonl(getattr(a, split)), read_jsonl(getattr(b, split))
+        assert [r["id"] for r in rows_a] == [r["id"] for r in rows_b]
+    questions_a = {r["question"] for s in SPLITS for r in read_jsonl(getattr(a, s))}
+    questions_b = {r["question"] for s in SPLITS for r in read_jsonl(getattr(b, s))}
+    assert questions_a != questions_b
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path, few_entries, monkeypatch):
+    write = factbook._write_jsonl
+
+    def crash_on_test_split(path, rows):
+        if path.name == "test.jsonl":
+            raise OSError("disk full")
+        write(path, rows)
+
+    monkeypatch.setattr(factbook, "_write_jsonl", crash_on_test_split)
+    with pytest.raises(OSError, match="disk full"):
+        build_factbook(tmp_path / "out", progress=False)
+    assert list(tmp_path.iterdir()) == []  # no out dir, no temp dir
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "corpus.jsonl").write_text("old\n")
+    with pytest.raises(OSError, match="disk full"):
+        build_factbook(tmp_path / "out", progress=False)
+    assert (tmp_path / "out" / "corpus.jsonl").read_text() == "old\n"  # untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_rebuild_into_existing_dir(tmp_path, few_entries):
+    first = build_factbook(tmp_path / "out", progress=False)
+    before = first.train.read_bytes()
+    second = build_factbook(tmp_path / "out", progress=False)
+    assert second.train.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "corpus.jsonl",
+        "dev.jsonl",
+        "test.jsonl",
+        "train.jsonl",
+    ]
+
+
+# ------------------------------------------------------------------------------------------- loaders
+
+GOOD_ROWS = [
+    {
+        "id": "q1",
+        "question": "What is the capital of Peru?",
+        "golden_answers": ["Lima"],
+        "metadata": {"hops": 1},
+    },
+    {"id": "q2", "question": "Capital of Chile?", "golden_answers": ["Santiago", "Santiago de Chile"]},
+    {"id": 3, "question": "Currency of Peru?", "golden_answers": "nuevo sol"},  # int id, bare string answer
+]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
+    )
+    return path
+
+
+def test_load_qa_jsonl(tmp_path):
+    examples = load_qa(write_jsonl(tmp_path / "train.jsonl", GOOD_ROWS))
+    assert examples[0] == QAExample("q1", "What is the capital of Peru?", ("Lima",), {"hops": 1})
+    assert examples[1].golden_answers == ("Santiago", "Santiago de Chile")
+    assert examples[1].metadata == {}
+    assert examples[2].id == "3" and examples[2].golden_answers == ("nuevo sol",)
+    assert len(load_qa(tmp_path / "train.jsonl", limit=2)) == 2
+    assert load_qa(str(tmp_path), split="train") == examples  # a folder plus a split name
+    hash(examples[0])  # usable in sets despite the metadata dict
+
+
+def test_load_qa_parquet_round_trip(tmp_path):
+    pd = pytest.importorskip("pandas")
+    rows = [
+        {
+            "id": "q1",
+            "question": "Q one?",
+            "golden_answers": ["a", "b"],
+            "metadata": {"kind": "capital", "hops": 1},
+        },
+        {
+            "id": "q2",
+            "question": "Q two?",
+            "golden_answers": ["c"],
+            "metadata": {"kind": "currency", "hops": 2},
+        },
+    ]
+    pd.DataFrame(rows).to_parquet(tmp_path / "dev.parquet")
+    from_parquet = load_qa(tmp_path / "dev.parquet")
+    assert from_parquet == load_qa(write_jsonl(tmp_path / "dev.jsonl", rows))
+    assert from_parquet[1].metadata == {"kind": "currency", "hops": 2}
+    assert from_parquet[0].golden_answers == ("a", "b")
+
+
+def test_load_qa_reads_the_built_splits(built, questions):
+    examples = load_qa(built[0].dev)
+    assert [e.id for e in examples] == [row["id"] for row in questions["dev"]]
+    assert all(isinstance(e.metadata["passage_ids"], list) for e in examples)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        (
+            '{"id": "x", "golden_answers": ["a"]}',
+            "line 3: field 'question' must be a non-empty string (got missing)",
+        ),
+        (
+            '{"id": "x", "question": "q?", "golden_answers": 5}',
+            "line 3: field 'golden_answers' must be a non-empty list of strings (got int)",
+        ),
+        (
+            '{"id": "x", "question": "q?", "golden_answers": []}',
+            "line 3: field 'golden_answers' must be a non-empty list of strings (got empty list)",
+        ),
+        (
+            '{"id": "x", "question": "q?", "golden_answers": ["a", 1]}',
+            "line 3: field 'golden_answers' must be a non-empty list of strings (got an item of type int)",
+        ),
+        (
+            '{"question": "q?", "golden_answers": ["a"]}',
+            "line 3: field 'id' must be a non-empty string or an integer (got missing)",
+        ),
+        (
+            '{"id": "x", "question": "  ", "golden_answers": ["a"]}',
+            "line 3: field 'question' must be a non-empty string (got empty str)",
+        ),
+        (
+            '{"id": "x", "question": "q?", "golden_answers": ["a"], "metadata": [1]}',
+            "line 3: field 'metadata' must be an object (got list)",
+        ),
+        ('{"id": "x", "question": "q?", "golden_answers": ["a"]', "line 3: invalid JSON"),
+        ('["x", "q?"]', "line 3: each row must be a JSON object (got list)"),
+    ],
+)
+def test_load_qa_bad_rows_name_file_line_and_field(tmp_path, bad_line, message):
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD_ROWS[0], "", bad_line])  # a blank line still counts
+    with pytest.raises(DataError) as error:
+        load_qa(path)
+    assert str(error.value).startswith(f"{path} {message}")
+
+
+def test_load_qa_missing_file(tmp_path):
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "nope.jsonl"))):
+        load_qa(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="no test.jsonl or test.parquet"):
+        load_qa(tmp_path, split="test")
+    with pytest.raises(DataError, match="split="):
+        load_qa(tmp_path)
+
+
+def test_load_qa_from_the_hub_goes_through_datasets(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(source, split=None):
+        calls.append((source, split))
+        return datasets.Dataset.from_list(GOOD_ROWS[:2])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    examples = load_qa("someone/some-qa", split="test", limit=1)
+    assert calls == [("someone/some-qa", "test")]
+    assert [e.id for e in examples] == ["q1"]
+
+
+def test_load_corpus(tmp_path, built, corpus):
+    docs = load_corpus(built[0].corpus)
+    assert len(docs) == len(corpus)
+    doc = next(d for d in docs if d.id == "pe-government-capital-0")
+    assert doc.title == "Peru - Government - Capital"
+    assert doc.text.startswith("Peru - Government - Capital: name: Lima;")
+    assert doc.contents == corpus["pe-government-capital-0"]
+
+    bad = write_jsonl(
+        tmp_path / "corpus.jsonl", [{"id": "a", "contents": "T\ntext"}, {"id": "b", "text": "x"}]
+    )
+    with pytest.raises(DataError, match=r"corpus\.jsonl line 2: field 'contents' must be a non-empty string"):
+        load_corpus(bad)
+    with pytest.raises(DataError, match="no such file"):
+        load_corpus(tmp_path / "missing.jsonl")

@@ -1,0 +1,67 @@
+"""End to end through the CLI: 2 GRPO steps on a tiny model, checked in the MLflow store."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture
+def qa_file(tmp_path):
+    rows = [
+        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
+        for i, c in enumerate("ABCDEFGH")
+    ]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."}) + "\n"
+                for i, c in enumerate("ABCDEFGH"))
+    )
+    return path, corpus
+
+
+@pytest.mark.parametrize("engine", ["simulator", "bm25"])
+def test_cli_train_two_steps_logs_metrics_and_checkpoint(tmp_path, tiny_model_dir, qa_file, engine):
+    import mlflow
+
+    qa, corpus = qa_file
+    db = tmp_path / "mlflow.db"
+    cmd = [
+        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        f"run.output_dir={tmp_path / 'out'}", "run.name=e2e",
+        f"policy.model={tiny_model_dir}", f"search.simulator.model={tiny_model_dir}",
+        f"search.engine={engine}", f"search.bm25.corpus={corpus}",
+        f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
+        "trainer.num_generations=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
+        "search.simulator.max_new_tokens=16", f"tracking.tracking_uri=sqlite:///{db}",
+        "tracking.experiment=e2e",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    (run,) = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
+    assert run.info.status == "FINISHED"
+    client = mlflow.MlflowClient()
+    for key in [
+        "reward",
+        "curriculum/noise_prob",
+        "search/noisy_doc_share",
+        "rollout/searches_per_traj",
+        "rollout/valid_format_rate",
+        "rollout/answer_rate",
+    ]:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == [1, 2], (key, history)
+    assert run.data.params["trainer.max_steps"] == "2"
+    checkpoint = tmp_path / "out" / "e2e" / "final"
+    assert (checkpoint / "config.json").is_file() and (checkpoint / "model.safetensors").is_file()
+    assert run.data.tags["zerosim.checkpoint"] == str(checkpoint.resolve())
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "samples"} <= artifacts
+    samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
+    rows = [json.loads(line) for line in open(samples)]
+    assert rows and {"question", "completion", "golden_answers", "step"} <= set(rows[0])

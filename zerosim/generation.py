@@ -1,0 +1,110 @@
+"""Batched token-in/token-out generation with stop strings, on transformers ``generate``.
+
+The rollout and the in-process simulator both go through :class:`HFGenerator`: left-padded batches,
+one ``generate`` call per batch, generation stopped at EOS or at any stop string (so no tokens are
+wasted past ``</search>`` / ``</answer>``), each row cut right after its stop, and the sampling
+log-probability of every kept token (``log_softmax(logits / temperature)``, as TRL computes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One generated continuation: kept tokens, their log-probs, and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish: str  # "stop" (a stop string completed) | "eos" | "length"
+
+
+class HFGenerator:
+    """Sampling from a transformers causal LM in batches."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = (),
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.stop_strings = tuple(stop_strings)
+        if eos_token_ids is None:
+            eos_token_ids = [tokenizer.eos_token_id]
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids if t is not None)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._stop_chars = {s[-1] for s in self.stop_strings}
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
+        """Continue each token-id prompt by at most ``max_new_tokens`` tokens."""
+        if not prompts:
+            return []
+        if max_new_tokens < 1:
+            return [Generation([], [], "length") for _ in prompts]
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            if ids:
+                input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+                attention[row, width - len(ids) :] = 1
+        sample = self.temperature > 0
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                max_new_tokens=max_new_tokens,
+                do_sample=sample,
+                temperature=self.temperature if sample else None,
+                top_p=self.top_p if sample else None,
+                top_k=None,
+                stop_strings=list(self.stop_strings) or None,
+                tokenizer=self.tokenizer if self.stop_strings else None,
+                eos_token_id=sorted(self.eos_token_ids),
+                pad_token_id=self.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+                use_cache=True,
+            )
+        finally:
+            self.model.train(was_training)
+        new_tokens = out.sequences[:, width:].cpu()
+        scale = self.temperature if sample else 1.0
+        # One (batch,) gather per position keeps memory at batch x vocab instead of steps x batch x vocab.
+        token_logps = torch.stack(
+            [
+                torch.log_softmax(logits.float().cpu() / scale, dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1)
+                for t, logits in enumerate(out.logits)
+            ],
+            dim=1,
+        )
+        return [self._cut(new_tokens[row].tolist(), token_logps[row].tolist()) for row in range(len(prompts))]
+
+    def _cut(self, ids: list[int], logps: list[float]) -> Generation:
+        """Keep tokens up to and including the first EOS or the token that completes a stop string."""
+        for i, tok in enumerate(ids):
+            if tok in self.eos_token_ids:
+                return Generation(ids[: i + 1], logps[: i + 1], "eos")
+            if self.stop_strings:
+                piece = self.tokenizer.decode([tok])
+                if any(c in piece for c in self._stop_chars):
+                    text = self.tokenizer.decode(ids[: i + 1])
+                    if any(s in text for s in self.stop_strings):
+                        return Generation(ids[: i + 1], logps[: i + 1], "stop")
+        return Generation(ids, logps, "length")

@@ -1,0 +1,295 @@
+"""The multi-turn search rollout, as TRL ``GRPOTrainer``'s ``rollout_func``.
+
+Token contract (what the trainer's loss relies on): for every trajectory, ``completion_ids``,
+``env_mask`` and ``logprobs`` have the same length; tokens the policy sampled have ``env_mask`` 1 and
+their sampling log-prob; tokens the environment inserted (``<information>`` blocks, corrective
+observations) have ``env_mask`` 0 and log-prob 0. Policy tokens are kept exactly as sampled — never
+decoded and re-tokenised.
+
+Each turn generates for all active trajectories in one batch, stopping at ``</search>``, ``</answer>``
+or EOS; every search of the turn goes to the engine in one call.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from curricula import NoiseSchedule, draw_noise
+from zerosim.config import RolloutConfig
+from zerosim.generation import Generation, HFGenerator
+from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
+
+STOP_STRINGS = ("</search>", "</answer>")
+INFO_OPEN = "\n\n<information>"
+INFO_CLOSE = "</information>\n\n"
+INVALID_ACTION = (
+    "\nMy previous action is invalid. To search, I put the query between <search> and </search>. "
+    "To give the final answer, I put it between <answer> and </answer>. Let me try again.\n"
+)
+
+INSTRUCTION = (
+    "Answer the question below. Reason inside <think> and </think> first. If you lack a fact, search for "
+    "it by writing <search> query </search>; the results come back between <information> and "
+    "</information>. You may search several times. When you know the answer, write it, in a few words, "
+    "between <answer> and </answer>, for example <answer> Paris </answer>.\nQuestion: {question}"
+)
+
+_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def build_prompt(question: str) -> str:
+    """The user message that asks the policy to answer ``question`` with the search protocol."""
+    return INSTRUCTION.format(question=question.strip())
+
+
+def parse_action(text: str) -> tuple[str, str]:
+    """The action a turn's text ends with: ``("search", query)``, ``("answer", answer)`` or ``("invalid", "")``.
+
+    Generation stops at the first closing tag, so the last complete tag pair is the turn's action. An empty
+    query is invalid; an empty answer is still an answer (it scores 0).
+    """
+    matches = list(_ACTION_RE.finditer(text))
+    if not matches:
+        return "invalid", ""
+    kind, content = matches[-1].group(1), matches[-1].group(2).strip()
+    if kind == "search" and not content:
+        return "invalid", ""
+    return kind, content
+
+
+@dataclass
+class Trajectory:
+    """One question's multi-turn interaction; the token lists follow the module's contract."""
+
+    prompt_ids: list[int]
+    question: str
+    answers: tuple[str, ...]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    searches: int = 0
+    invalid_actions: int = 0
+    documents: int = 0
+    noisy_documents: int = 0
+    answer: str | None = None
+    finish: str = ""  # answer | eos | no_answer | max_tokens
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish)
+
+    @property
+    def valid_format(self) -> bool:
+        """Ended with an answer and never took an invalid action."""
+        return self.answer is not None and self.invalid_actions == 0
+
+    def add_policy(self, gen: Generation) -> None:
+        self.completion_ids += gen.token_ids
+        self.env_mask += [1] * len(gen.token_ids)
+        self.logprobs += gen.logprobs
+
+    def add_environment(self, ids: Sequence[int]) -> None:
+        self.completion_ids += ids
+        self.env_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+class SearchRollout:
+    """Runs search trajectories for a batch of prompts; callable as TRL's ``rollout_func``.
+
+    ``examples`` maps each prompt string to its ``(question, gold answers)``: TRL passes the rollout only
+    the prompts, while the simulator needs the question and answers of each one.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        engine: SearchEngine,
+        *,
+        config: RolloutConfig,
+        k: int,
+        schedule: NoiseSchedule,
+        examples: Mapping[str, tuple[str, Sequence[str]]],
+        seed: int = 0,
+        granularity: str = "call",
+        num_samples: int = 4,
+    ):
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.config = config
+        self.k = k
+        self.schedule = schedule
+        self.examples = examples
+        self.seed = seed
+        self.granularity = granularity
+        self.num_samples = num_samples
+        self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
+        eos = {tokenizer.eos_token_id}
+        self._info_open = self._encode(INFO_OPEN)
+        self._info_close = self._encode(INFO_CLOSE)
+        self._invalid = self._encode(INVALID_ACTION)
+        self._eos_ids = sorted(t for t in eos if t is not None)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        messages = [{"role": "user", "content": prompt}]
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+
+    def generator_for(self, model) -> HFGenerator:
+        return HFGenerator(
+            model,
+            self.tokenizer,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            stop_strings=STOP_STRINGS,
+            eos_token_ids=self._eos_ids,
+        )
+
+    # -- TRL entry point -------------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer) -> dict[str, list]:
+        step = int(trainer.state.global_step)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        trajectories, timing = self.run(self.generator_for(model), prompts, step)
+        for name, value in self.metrics(trajectories, step, timing).items():
+            trainer._log_metric(name, value)  # TRL's reward-function metric hook; averaged across ranks
+        self._keep_samples(trajectories, step)
+        return {
+            "prompt_ids": [t.prompt_ids for t in trajectories],
+            "completion_ids": [t.completion_ids for t in trajectories],
+            "logprobs": [t.logprobs for t in trajectories],
+            "env_mask": [t.env_mask for t in trajectories],
+            "final_answer": [t.answer for t in trajectories],
+            "num_searches": [t.searches for t in trajectories],
+        }
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self, generator, prompts: Sequence[Any], step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out one trajectory per prompt; returns them and the time spent generating and searching."""
+        cfg = self.config
+        trajectories = []
+        for prompt in prompts:
+            text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            if text not in self.examples:
+                raise KeyError(f"rollout got a prompt that is not in the training data: {text[:80]!r}")
+            question, answers = self.examples[text]
+            trajectories.append(Trajectory(self.encode_prompt(text), question, tuple(answers)))
+        timing = {"generate": 0.0, "search": 0.0}
+        p_noise = self.schedule.probability(step)
+
+        for turn in range(cfg.max_turns):
+            active = [t for t in trajectories if not t.done]
+            if not active:
+                break
+            last_turn = turn == cfg.max_turns - 1
+            budget = [cfg.max_completion_tokens - len(t.completion_ids) for t in active]
+            started = time.perf_counter()
+            outputs = generator.generate(
+                [t.prompt_ids + t.completion_ids for t in active], max(1, min(cfg.max_new_tokens, max(budget)))
+            )
+            timing["generate"] += time.perf_counter() - started
+
+            searching: list[tuple[Trajectory, str]] = []
+            for traj, gen, room in zip(active, outputs, budget, strict=True):
+                if len(gen.token_ids) > room:  # the batch shared the largest budget; clip to this row's
+                    gen = Generation(gen.token_ids[:room], gen.logprobs[:room], "length")
+                traj.add_policy(gen)
+                traj.turns += 1
+                kind, content = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
+                if kind == "answer":
+                    traj.answer, traj.finish = content, "answer"
+                elif kind == "search" and not last_turn:
+                    searching.append((traj, content))
+                else:
+                    traj.invalid_actions += kind == "invalid"
+                    if last_turn:
+                        traj.finish = "no_answer"
+                    elif gen.finish == "eos":
+                        traj.finish = "eos"
+                    else:
+                        traj.add_environment(self._invalid)
+                if not traj.done and len(traj.completion_ids) >= cfg.max_completion_tokens:
+                    traj.finish = "max_tokens"
+            searching = [(t, q) for t, q in searching if not t.done]
+            if searching:
+                started = time.perf_counter()
+                self._search(searching, step, turn, p_noise)
+                timing["search"] += time.perf_counter() - started
+        for traj in trajectories:
+            # Observations may push a trajectory over the cap; the cap is on the whole completion.
+            cap = cfg.max_completion_tokens
+            del traj.completion_ids[cap:], traj.env_mask[cap:], traj.logprobs[cap:]
+            traj.finish = traj.finish or "no_answer"
+        return trajectories, timing
+
+    def _search(self, searching: list[tuple[Trajectory, str]], step: int, call: int, p_noise: float) -> None:
+        patterns = draw_noise(
+            seed=self.seed,
+            step=step,
+            call=call,
+            n_requests=len(searching),
+            k=self.k,
+            p=p_noise,
+            granularity=self.granularity,
+        )
+        requests = [
+            SearchRequest(query=q, question=t.question, answers=t.answers, noise=pattern)
+            for (t, q), pattern in zip(searching, patterns, strict=True)
+        ]
+        results = self.engine.search(requests, self.k)
+        if len(results) != len(requests):
+            raise SearchError(f"search engine answered {len(results)} results for {len(requests)} requests")
+        for (traj, query), docs in zip(searching, results, strict=True):
+            if not docs:
+                raise SearchError(f"search engine returned no documents for query {query!r}")
+            traj.searches += 1
+            traj.documents += len(docs)
+            traj.noisy_documents += sum(d.noisy is True for d in docs)
+            traj.add_environment(self._observation(docs))
+            if len(traj.completion_ids) >= self.config.max_completion_tokens:
+                traj.finish = "max_tokens"
+            traj.events.append({"query": query, "noisy": [d.noisy for d in docs]})
+
+    def _observation(self, docs: Sequence[Document]) -> list[int]:
+        body = self._encode(format_documents(docs))[: self.config.max_obs_tokens]
+        return self._info_open + body + self._info_close
+
+    # -- reporting -----------------------------------------------------------------------------------------
+    def metrics(self, trajectories: Sequence[Trajectory], step: int, timing: Mapping[str, float]) -> dict[str, float]:
+        n = max(len(trajectories), 1)
+        documents = sum(t.documents for t in trajectories)
+        return {
+            "curriculum/noise_prob": self.schedule.probability(step),
+            "search/noisy_doc_share": sum(t.noisy_documents for t in trajectories) / documents if documents else 0.0,
+            "rollout/searches_per_traj": sum(t.searches for t in trajectories) / n,
+            "rollout/turns_per_traj": sum(t.turns for t in trajectories) / n,
+            "rollout/valid_format_rate": sum(t.valid_format for t in trajectories) / n,
+            "rollout/answer_rate": sum(t.answer is not None for t in trajectories) / n,
+            "rollout/invalid_action_rate": sum(t.invalid_actions > 0 for t in trajectories) / n,
+            "rollout/policy_tokens_per_traj": sum(sum(t.env_mask) for t in trajectories) / n,
+            "time/generate_s": timing.get("generate", 0.0),
+            "time/search_s": timing.get("search", 0.0),
+        }
+
+    def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:
+        for traj in trajectories[: self.num_samples]:
+            self.samples.append(
+                {
+                    "step": step,
+                    "question": traj.question,
+                    "golden_answers": list(traj.answers),
+                    "completion": self.tokenizer.decode(traj.completion_ids, skip_special_tokens=False),
+                    "answer": traj.answer,
+                    "finish": traj.finish,
+                    "searches": traj.events,
+                    "policy_tokens": sum(traj.env_mask),
+                    "environment_tokens": len(traj.env_mask) - sum(traj.env_mask),
+                }
+            )

@@ -1,0 +1,145 @@
+"""The RL recipe: a search-agent policy trained with TRL's GRPOTrainer over our multi-turn rollout.
+
+Read top to bottom: config → data → policy → search engine → curriculum → rollout → trainer → MLflow.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from curricula import build_schedule
+from zerosim.config import TrainConfig
+from zerosim.data.embedded import load_questions
+from zerosim.engines import build_search_engine
+from zerosim.models import load_causal_lm, load_tokenizer
+from zerosim.rewards import make_reward_func
+from zerosim.rollout import SearchRollout, build_prompt
+from zerosim.tracking import log_config, log_jsonl, mlflow_run
+
+# Our algorithm names → TRL GRPOTrainer loss types.
+LOSS_TYPES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo"}
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    checkpoint: Path | None
+    steps: int
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_dataset(cfg: TrainConfig):
+    """The training prompts as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
+    from datasets import Dataset
+
+    examples = load_questions(cfg.data.train, cfg.data.split)
+    if cfg.data.max_examples is not None:
+        rng = random.Random(cfg.run.seed)
+        examples = rng.sample(examples, min(cfg.data.max_examples, len(examples)))
+    if not examples:
+        raise ValueError(f"no training questions in {cfg.data.train} (split {cfg.data.split})")
+    rows, table = [], {}
+    for ex in examples:
+        prompt = build_prompt(ex.question)
+        table.setdefault(prompt, (ex.question, tuple(ex.golden_answers)))
+        rows.append({"prompt": prompt, "golden_answers": list(ex.golden_answers)})
+    return Dataset.from_list(rows), table
+
+
+def grpo_args(cfg: TrainConfig, output_dir: Path):
+    from trl import GRPOConfig
+
+    t = cfg.trainer
+    on_gpu = torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        run_name=cfg.run.name,
+        seed=cfg.run.seed,
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_generations=t.num_generations,
+        loss_type=LOSS_TYPES[t.algorithm],
+        beta=t.beta,
+        epsilon=t.epsilon,
+        max_grad_norm=t.max_grad_norm,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        max_completion_length=cfg.rollout.max_completion_tokens,
+        logging_steps=t.logging_steps,
+        save_strategy="no",
+        report_to=["mlflow"],
+        use_cpu=not on_gpu,
+        bf16=on_gpu,
+        gradient_checkpointing=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+    )
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
+    import os
+
+    from trl import GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
+    seed_everything(cfg.run.seed)
+    output_dir = Path(cfg.run.output_dir) / cfg.run.name
+
+    dataset, examples = build_dataset(cfg)
+    tokenizer = load_tokenizer(cfg.policy.model)
+    policy = load_causal_lm(cfg.policy.model, cfg.policy.dtype)
+    engine = build_search_engine(cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype)
+    c = cfg.curriculum
+    schedule = build_schedule(
+        c.schedule,
+        p_start=c.p_start,
+        p_end=c.p_end,
+        base=c.base,
+        total_steps=c.total_steps or cfg.trainer.max_steps,
+    )
+    rollout = SearchRollout(
+        tokenizer,
+        engine,
+        config=cfg.rollout,
+        k=cfg.search.k,
+        schedule=schedule,
+        examples=examples,
+        seed=cfg.run.seed,
+        granularity=c.granularity,
+        num_samples=cfg.tracking.num_sample_trajectories,
+    )
+
+    with mlflow_run(cfg.tracking, cfg.run.name, tags={"zerosim.job": "train"}) as run:
+        log_config(cfg)
+        trainer = GRPOTrainer(
+            model=policy,
+            reward_funcs=[make_reward_func(cfg.reward.metric)],
+            args=grpo_args(cfg, output_dir),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=rollout,
+        )
+        trainer.train()
+        log_jsonl(rollout.samples, "samples/trajectories.jsonl")
+        checkpoint = None
+        if cfg.trainer.save_final:
+            checkpoint = output_dir / "final"
+            trainer.save_model(str(checkpoint))
+            tokenizer.save_pretrained(str(checkpoint))
+            import mlflow
+
+            mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
+            mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
+        return TrainResult(run_id=run.info.run_id, checkpoint=checkpoint, steps=trainer.state.global_step)
