@@ -47,7 +47,9 @@ class ConstantSchedule:
         return self.p
 
 
-def build_schedule(name: str, *, p_start: float, p_end: float, base: float, total_steps: int) -> NoiseSchedule:
+def build_schedule(
+    name: str, *, p_start: float, p_end: float, base: float, total_steps: int
+) -> NoiseSchedule:
     """A schedule from its config name; ``constant`` uses ``p_end`` throughout."""
     if name == "exponential":
         return ExponentialSchedule(p_start=p_start, p_end=p_end, base=base, total_steps=total_steps)

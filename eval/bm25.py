@@ -106,8 +106,14 @@ class BM25Retriever:
         index_dir = Path(index_dir)
         meta_path = index_dir / "meta.json"
         if not meta_path.is_file():
-            raise FileNotFoundError(f"{index_dir} is not a BM25 index (no meta.json); build one with BM25Retriever.save")
+            raise FileNotFoundError(
+                f"{index_dir} is not a BM25 index (no meta.json); build one with BM25Retriever.save"
+            )
         meta = json.loads(meta_path.read_text())
-        self = cls(load_corpus(index_dir / "docs.jsonl"), stopwords=meta["stopwords"], stemmer_language=meta["stemmer"])
+        self = cls(
+            load_corpus(index_dir / "docs.jsonl"),
+            stopwords=meta["stopwords"],
+            stemmer_language=meta["stemmer"],
+        )
         self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
         return self

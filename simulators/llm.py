@@ -82,7 +82,9 @@ class LLMSimulator:
 
     def _encode(self, prompt: str) -> list[int]:
         messages = [{"role": "user", "content": prompt}]
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        return list(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        )
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
         if not requests:
@@ -113,7 +115,11 @@ class LLMSimulator:
                 # Nothing parseable came back: say so explicitly instead of an empty observation.
                 self.stats["empty_results"] += 1
                 noisy = bool(requests[i].noise_for(k)[0])
-                kept = [Document(id=f"sim-{i}-empty", title=requests[i].query, text=EMPTY_RESULT_TEXT, noisy=noisy)]
+                kept = [
+                    Document(
+                        id=f"sim-{i}-empty", title=requests[i].query, text=EMPTY_RESULT_TEXT, noisy=noisy
+                    )
+                ]
             final.append(kept)
         self.stats["requests"] += len(requests)
         return final

@@ -17,9 +17,7 @@ def split_documents(text: str, k: int) -> list[str]:
     """
     text = text.replace("\r\n", "\n")
     parts = _DOC_MARKER.split(text)
-    if len(parts) > 1:
-        candidates = parts[1:]  # the text before the first marker is preamble
-    else:
-        candidates = [_LIST_MARKER.sub("", line) for line in text.split("\n")]
+    # With markers, the text before the first one is preamble; without, one document per line.
+    candidates = parts[1:] if len(parts) > 1 else [_LIST_MARKER.sub("", line) for line in text.split("\n")]
     docs = [" ".join(c.split()) for c in candidates]
     return [d for d in docs if d][:k]

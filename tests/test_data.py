@@ -36,6 +36,17 @@ def questions(built) -> dict[str, list[dict]]:
     return {split: read_jsonl(getattr(built[0], split)) for split in SPLITS}
 
 
+def passage_with(corpus: dict[str, str], field_prefix: str) -> str:
+    """The id of the one passage holding the field that starts ``field_prefix`` ("Peru - Government - Capital: ")."""
+    hits = [
+        pid
+        for pid, contents in corpus.items()
+        if f"\n{field_prefix}" in contents or f" | {field_prefix}" in contents
+    ]
+    assert len(hits) == 1, (field_prefix, hits)
+    return hits[0]
+
+
 @pytest.fixture
 def few_entries(monkeypatch):
     """Make the builder see only Peru, Spain, Chile and the World entry: a build in a fraction of a second."""
@@ -56,7 +67,7 @@ def test_build_is_byte_identical(built):
 
 def test_counts_match_files(built, corpus, questions):
     paths = built[0]
-    assert paths.num_passages == len(corpus) > 30_000
+    assert 10_000 < paths.num_passages == len(corpus) < 20_000  # ~33 k fields packed into ~100-word passages
     assert (paths.num_train, paths.num_dev, paths.num_test) == tuple(len(questions[s]) for s in SPLITS)
 
 
@@ -64,37 +75,88 @@ def test_corpus_rows_are_flashrag(built):
     row = json.loads(built[0].corpus.read_text(encoding="utf-8").splitlines()[0])
     assert set(row) == {"id", "contents"}
     title, text = row["contents"].split("\n", 1)
-    assert text.startswith(f"{title}: ")
+    assert text.startswith((f"{title} - ", f"{title}: "))  # a packed section, or a chunk of one long field
 
 
 def test_passages_are_about_100_words(corpus):
     words = [len(contents.split("\n", 1)[1].split()) for contents in corpus.values()]
-    assert max(words) <= factbook.MAX_PASSAGE_WORDS
-    assert 10 <= statistics.median(words) <= 100
-    chunked = [pid for pid in corpus if pid.endswith("-1")]  # long fields were cut into several chunks
-    assert len(chunked) > 100
-    assert "pe-introduction-background-1" in corpus
+    assert max(words) <= factbook.MAX_PASSAGE_WORDS <= 160
+    assert 60 <= statistics.median(words) <= 120
+    packed = [c for c in corpus.values() if factbook.FIELD_SEP in c.split("\n", 1)[1]]
+    assert len(packed) > len(corpus) / 2
+    for contents in packed:
+        assert len(contents.split("\n", 1)[1].split()) <= factbook.PACK_WORDS
+    # long fields are cut into several chunks, each titled by its field and repeating its prefix
+    background = [c for c in corpus.values() if c.startswith("Peru - Introduction - Background\n")]
+    assert len(background) >= 2
+    assert all(c.split("\n", 1)[1].startswith("Peru - Introduction - Background: ") for c in background)
+    assert corpus["pe-introduction-1"] == background[1]
+    chunked = [pid for pid, c in corpus.items() if c.split("\n", 1)[0].count(" - ") >= 2]
+    assert len(chunked) > 500
+
+
+def test_passage_packing():
+    def words(n: int, word: str) -> dict:
+        return {"text": " ".join(f"{word}{i}." if i % 20 == 19 else f"{word}{i}" for i in range(n))}
+
+    tree = {
+        "Government": {
+            "A": words(40, "a"),
+            "B": words(30, "b"),
+            "C": words(50, "c"),
+            "Long": words(400, "l"),
+        },
+        "Economy": {"D": {"text": "x"}, "E": {"name": {"text": "y"}, "note": "z"}},
+    }
+    passages = factbook.entry_passages("zz", "Zedland", tree)
+    assert [p.id for p in passages][:2] == ["zz-government-0", "zz-government-1"]
+    assert passages[-1].id == "zz-economy-0"
+    assert [p.fields for p in passages][:2] == [("A", "B"), ("C",)]  # whole fields, in order, <= PACK_WORDS
+    assert passages[0].title == "Zedland - Government"
+    assert passages[0].text == (
+        f"Zedland - Government - A: {tree['Government']['A']['text']}"
+        f" | Zedland - Government - B: {tree['Government']['B']['text']}"
+    )
+    chunks = [p for p in passages if p.fields == ("Long",)]
+    assert len(chunks) == 4 and [p.id for p in chunks] == [f"zz-government-{i}" for i in range(2, 6)]
+    assert all(p.title == "Zedland - Government - Long" for p in chunks)
+    assert all(p.text.startswith("Zedland - Government - Long: ") for p in chunks)
+    assert (
+        " ".join(p.text.removeprefix("Zedland - Government - Long: ") for p in chunks)
+        == words(400, "l")["text"]
+    )
+    assert all(90 <= len(p.text.split()) <= 130 for p in chunks)
+    assert passages[-1].text == "Zedland - Economy - D: x | Zedland - Economy - E: name: y; note: z"
+    assert factbook._pack([50, 50, 50], 110) == [2, 1] and factbook._pack([60, 60, 10], 110) == [1, 2]
+    assert factbook._pack([100, 5, 5, 5, 5], 110) == [1, 4] and factbook._pack([], 110) == []
 
 
 def test_every_passage_names_its_country(corpus):
+    stray = []
     for pid, contents in corpus.items():
         title, text = contents.split("\n", 1)
         country = title.split(" - ")[0]
         assert text.startswith(f"{country} - "), pid
         assert country.lower() != "none", pid
+        # every packed field keeps its own prefix
+        stray += [s for s in text.split(factbook.FIELD_SEP) if not s.startswith(f"{country} - ")]
+    assert len(stray) <= 10, (
+        stray
+    )  # a handful of raw values ("Home | Malawi Embassy USA") hold " | " themselves
     # overrides for entries whose short name is "none", an abbreviation or a fragment
-    assert corpus["ae-government-capital-0"].startswith("United Arab Emirates - Government - Capital\n")
-    assert corpus["cg-government-capital-0"].startswith("Democratic Republic of the Congo - ")
-    assert corpus["dr-government-capital-0"].startswith("Dominican Republic - ")
-    assert corpus["xx-introduction-background-0"].startswith("World - ")
-    peru = corpus["pe-government-capital-0"].split("\n", 1)[1]
-    assert peru.startswith("Peru - Government - Capital: name: Lima; ")
+    ae = passage_with(corpus, "United Arab Emirates - Government - Capital: ")
+    assert corpus[ae].startswith("United Arab Emirates - Government\n")
+    assert passage_with(corpus, "Democratic Republic of the Congo - Government - Capital: ").startswith("cg-")
+    assert passage_with(corpus, "Dominican Republic - Government - Capital: ").startswith("dr-")
+    assert corpus["xx-introduction-0"].startswith("World - Introduction - Background\nWorld - ")
+    peru = corpus[passage_with(corpus, "Peru - Government - Capital: ")]
+    assert "Peru - Government - Capital: name: Lima; " in peru
 
 
 def test_no_html_left(corpus):
     for pid, contents in corpus.items():
         assert not re.search(r"<[A-Za-z/]|&[A-Za-z]+;|&#\d+;", contents), pid
-    assert "Perú" in corpus["pe-government-country-name-0"]  # &uacute; decoded
+    assert "Perú" in corpus["pe-government-0"]  # &uacute; decoded
 
 
 def test_clean_html():
@@ -103,7 +165,7 @@ def test_clean_html():
     assert factbook.clean_html("one<br><br>two <em>Rimak</em>,") == "one two Rimak,"
 
 
-def test_peru_questions(questions):
+def test_peru_questions(corpus, questions):
     rows = {row["id"]: row for split in SPLITS for row in questions[split]}
     expected = {
         "pe-capital": "Lima",
@@ -124,10 +186,8 @@ def test_peru_questions(questions):
     assert "Peru" not in two_hop["question"]
     assert two_hop["metadata"]["hops"] == 2
     # bridge evidence first, then the passage the answer was taken from
-    assert two_hop["metadata"]["passage_ids"][:2] == [
-        "pe-communications-internet-country-code-0",
-        "pe-government-capital-0",
-    ]
+    assert two_hop["metadata"]["passage_ids"][:2] == ["pe-communications-1", "pe-government-1"]
+    assert rows["pe-capital"]["metadata"]["passage_ids"][0] == "pe-government-1"
 
 
 def test_every_gold_answer_is_in_its_passages(corpus, questions):
@@ -350,10 +410,10 @@ def test_load_qa_from_the_hub_goes_through_datasets(monkeypatch):
 def test_load_corpus(tmp_path, built, corpus):
     docs = load_corpus(built[0].corpus)
     assert len(docs) == len(corpus)
-    doc = next(d for d in docs if d.id == "pe-government-capital-0")
-    assert doc.title == "Peru - Government - Capital"
+    doc = next(d for d in docs if d.id == "pe-government-1")
+    assert doc.title == "Peru - Government"
     assert doc.text.startswith("Peru - Government - Capital: name: Lima;")
-    assert doc.contents == corpus["pe-government-capital-0"]
+    assert doc.contents == corpus["pe-government-1"]
 
     bad = write_jsonl(
         tmp_path / "corpus.jsonl", [{"id": "a", "contents": "T\ntext"}, {"id": "b", "text": "x"}]

@@ -50,7 +50,10 @@ class FakeEngine:
     def search(self, requests, k):
         self.calls.append(list(requests))
         return [
-            [Document(f"d{i}", "Peru", f"ZZINFO passage {i} about {r.query}", noisy=r.noise_for(k)[i]) for i in range(k)]
+            [
+                Document(f"d{i}", "Peru", f"ZZINFO passage {i} about {r.query}", noisy=r.noise_for(k)[i])
+                for i in range(k)
+            ]
             for r in requests
         ]
 
@@ -118,7 +121,9 @@ def test_search_answer_flow_and_metrics(tokenizer):
     (t,) = trajs
     assert t.answer == "Lima" and t.finish == "answer" and t.searches == 1 and t.valid_format
     assert engine.calls[0][0].query == "capital of Peru"
-    assert engine.calls[0][0].question == "What is the capital of Peru?" and engine.calls[0][0].answers == ("Lima",)
+    assert engine.calls[0][0].question == "What is the capital of Peru?" and engine.calls[0][0].answers == (
+        "Lima",
+    )
     m = rollout.metrics(trajs, 0, timing)
     assert m["rollout/searches_per_traj"] == 1 and m["rollout/answer_rate"] == 1
     assert m["curriculum/noise_prob"] == 0.5
@@ -167,7 +172,9 @@ def test_real_generation_keeps_contract(tiny_model_dir, tokenizer):
 
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir))
-    rollout, prompts = make_rollout(tokenizer, FakeEngine(), ["A?", "B?", "C?"], max_new_tokens=12, max_turns=3)
+    rollout, prompts = make_rollout(
+        tokenizer, FakeEngine(), ["A?", "B?", "C?"], max_new_tokens=12, max_turns=3
+    )
     trajs, timing = rollout.run(rollout.generator_for(model), prompts, step=0)
     assert timing["generate"] > 0
     for t in trajs:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,11 @@ def qa_file(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(
-        "".join(json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."}) + "\n"
-                for i, c in enumerate("ABCDEFGH"))
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
+            + "\n"
+            for i, c in enumerate("ABCDEFGH")
+        )
     )
     return path, corpus
 
@@ -63,5 +67,5 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(tmp_path, tiny_model_di
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "samples"} <= artifacts
     samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
-    rows = [json.loads(line) for line in open(samples)]
+    rows = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert rows and {"question", "completion", "golden_answers", "step"} <= set(rows[0])

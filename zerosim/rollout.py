@@ -141,7 +141,9 @@ class SearchRollout:
 
     def encode_prompt(self, prompt: str) -> list[int]:
         messages = [{"role": "user", "content": prompt}]
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        return list(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        )
 
     def generator_for(self, model) -> HFGenerator:
         return HFGenerator(
@@ -192,7 +194,8 @@ class SearchRollout:
             budget = [cfg.max_completion_tokens - len(t.completion_ids) for t in active]
             started = time.perf_counter()
             outputs = generator.generate(
-                [t.prompt_ids + t.completion_ids for t in active], max(1, min(cfg.max_new_tokens, max(budget)))
+                [t.prompt_ids + t.completion_ids for t in active],
+                max(1, min(cfg.max_new_tokens, max(budget))),
             )
             timing["generate"] += time.perf_counter() - started
 
@@ -262,12 +265,16 @@ class SearchRollout:
         return self._info_open + body + self._info_close
 
     # -- reporting -----------------------------------------------------------------------------------------
-    def metrics(self, trajectories: Sequence[Trajectory], step: int, timing: Mapping[str, float]) -> dict[str, float]:
+    def metrics(
+        self, trajectories: Sequence[Trajectory], step: int, timing: Mapping[str, float]
+    ) -> dict[str, float]:
         n = max(len(trajectories), 1)
         documents = sum(t.documents for t in trajectories)
         return {
             "curriculum/noise_prob": self.schedule.probability(step),
-            "search/noisy_doc_share": sum(t.noisy_documents for t in trajectories) / documents if documents else 0.0,
+            "search/noisy_doc_share": sum(t.noisy_documents for t in trajectories) / documents
+            if documents
+            else 0.0,
             "rollout/searches_per_traj": sum(t.searches for t in trajectories) / n,
             "rollout/turns_per_traj": sum(t.turns for t in trajectories) / n,
             "rollout/valid_format_rate": sum(t.valid_format for t in trajectories) / n,

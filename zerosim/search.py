@@ -64,7 +64,9 @@ class SearchRequest:
         if self.noise is None:
             return (False,) * k
         if len(self.noise) != k:
-            raise ValueError(f"SearchRequest.noise has {len(self.noise)} slots but k={k} documents were asked for")
+            raise ValueError(
+                f"SearchRequest.noise has {len(self.noise)} slots but k={k} documents were asked for"
+            )
         return self.noise
 
 

@@ -26,7 +26,9 @@ def configure(tracking: TrackingConfig) -> None:
 
 
 @contextlib.contextmanager
-def mlflow_run(tracking: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
+def mlflow_run(
+    tracking: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None
+) -> Iterator[Any]:
     """Start (and always end) an MLflow run; a failure marks the run FAILED instead of leaving it RUNNING."""
     import mlflow
 

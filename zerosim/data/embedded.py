@@ -8,7 +8,7 @@ from pathlib import Path
 from zerosim.config import EMBEDDED_DATA
 from zerosim.models import zerosim_home
 
-FACTBOOK_VERSION = "v1"  # bump when the builder's output changes, so caches rebuild
+FACTBOOK_VERSION = "v2"  # bump when the builder's output changes, so caches rebuild
 
 
 def factbook_dir() -> Path:

