@@ -1,7 +1,7 @@
 """Regenerate docs/configuration.md from the config dataclasses and their one-line field docs.
 
-    python scripts/gen_config_docs.py          # write
-    python scripts/gen_config_docs.py --check  # exit 1 if the file is stale (the tests run this)
+python scripts/gen_config_docs.py          # write
+python scripts/gen_config_docs.py --check  # exit 1 if the file is stale (the tests run this)
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def render() -> str:
             default = ALIASES.get(m.group(1), m.group(1))
             rows.append(f"| `{prefix}{f.name}` | `{default}` | {m.group(2).replace(' | ', ' / ')} |")
         if rows:
-            lines.extend([f"## `{prefix.rstrip('.')}`", "", "| key | default | meaning |", "|---|---|---|", *rows, ""])
+            lines.extend(
+                [f"## `{prefix.rstrip('.')}`", "", "| key | default | meaning |", "|---|---|---|", *rows, ""]
+            )
 
     for f in dataclasses.fields(C.TrainConfig):
         walk(getattr(C, f.type), f"{f.name}.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -49,6 +50,43 @@ def train(
         f"[bold green]done[/] {result.steps} steps in {minutes:.1f} min · MLflow run {result.run_id} "
         f"({cfg.tracking.tracking_uri}) · checkpoint {result.checkpoint}"
     )
+
+
+@app.command("eval")
+def evaluate(
+    policy: str = typer.Option(
+        None, "--policy", help="Policy under test: checkpoint path, HF id, or smollm2."
+    ),
+    dataset: str = typer.Option(
+        None, "--dataset", help="Comma-separated datasets (files, HF ids, factbook[:split])."
+    ),
+    search: str = typer.Option(None, "--search", help="bm25 | dense | hybrid | simulator | http"),
+    method: str = typer.Option(None, "--method", help="agent | rag | direct"),
+    limit: int = typer.Option(None, "--limit", help="Evaluate only the first N rows of each dataset."),
+    config: Path = typer.Option(None, "--config", "-c", help="YAML eval recipe."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. search.k=5 batch_size=8"),
+) -> None:
+    """Evaluate a policy on QA datasets; writes table.json/table.md and an MLflow eval run."""
+    from zerosim.config import ConfigError, EvalConfig, load_config
+    from zerosim.models import ModelError
+
+    flags = {"policy": policy, "method": method, "search.engine": search, "limit": limit}
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if dataset is not None:
+        names = [d.strip() for d in dataset.split(",") if d.strip()]
+        extra.append("datasets=[" + ",".join(json.dumps(n) for n in names) + "]")
+    try:
+        cfg = load_config(config, [*extra, *(overrides or [])], schema=EvalConfig)
+    except ConfigError as exc:
+        _fail(str(exc))
+    from eval.run import run_eval
+
+    try:
+        result = run_eval(cfg)
+    except (ModelError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(result.markdown)
+    console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 
 
 @models_app.command("prepare")

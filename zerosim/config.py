@@ -60,11 +60,40 @@ class BM25Config:
 
 
 @dataclass
+class DenseConfig:
+    corpus: str = EMBEDDED_DATA  # FlashRAG corpus jsonl, or "factbook" (embedded)
+    encoder: str = "minilm"  # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2)
+    index_dir: str | None = None  # load a built index from here (zerosim index build); None = build in memory
+    faiss_type: str = "flat"  # flat | hnsw | ivfpq
+    query_prefix: str = ""  # prepended to queries (e5: "query: ")
+    passage_prefix: str = ""  # prepended to passages (e5: "passage: ")
+
+
+@dataclass
+class HybridConfig:
+    rrf_k: int = 60  # reciprocal-rank-fusion constant: score = sum 1 / (rrf_k + rank) over BM25 and dense
+    depth: int = 20  # candidates taken from each engine before fusion
+
+
+@dataclass
+class HTTPConfig:
+    url: str = (
+        "http://127.0.0.1:8000"  # a server speaking the Search-R1 /retrieve API (zerosim serve retriever)
+    )
+    connect_timeout: float = 2.0  # seconds to connect before a retry
+    read_timeout: float = 60.0  # seconds to wait for an answer before a retry
+    retries: int = 3  # attempts before the search fails with an error naming the URL
+
+
+@dataclass
 class SearchConfig:
-    engine: str = "simulator"  # simulator | bm25 — what answers the policy's <search>
+    engine: str = "simulator"  # simulator | bm25 | dense | hybrid | http — what answers the policy's <search>
     k: int = 3  # documents per search
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    http: HTTPConfig = field(default_factory=HTTPConfig)
 
 
 @dataclass
@@ -129,10 +158,37 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
+@dataclass
+class EvalConfig:
+    """``zerosim eval``: a policy answers QA datasets with one method and one search engine."""
+
+    policy: str = EMBEDDED_MODEL  # the policy under test: HF id, local checkpoint, or "smollm2"
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    datasets: list[str] = field(
+        default_factory=lambda: [EMBEDDED_DATA]
+    )  # files, HF ids, "factbook"; ":split" suffix picks a split
+    split: str = "test"  # default split (the embedded factbook's test split; dev is for validation)
+    limit: int | None = None  # evaluate only the first N rows of each dataset
+    method: str = (
+        "agent"  # agent (multi-turn search) | rag (retrieve once, then answer) | direct (no retrieval)
+    )
+    batch_size: int = 16  # questions per batched generation; the last partial batch is evaluated too
+    max_answer_tokens: int = 64  # generation budget for direct and rag answers
+    seed: int = 0  # seeds sampling and the simulator
+    output_dir: str = "outputs/eval"  # table.json / table.md / samples.jsonl go to <output_dir>/<run_name>
+    run_name: str | None = None  # MLflow run name; None = "<method>-<engine>"
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(engine="bm25"))
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(temperature=0.0))
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-eval"))
+    num_sample_trajectories: int = 20  # trajectories per dataset kept as an artifact
+
+
 # Choice-valued keys and their valid values; checked after merging.
 CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
-    "search.engine": ("simulator", "bm25"),
+    "search.engine": ("simulator", "bm25", "dense", "hybrid", "http"),
+    "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
+    "method": ("agent", "rag", "direct"),
     "curriculum.schedule": ("exponential", "constant"),
     "curriculum.granularity": ("call", "document"),
     "reward.metric": ("em", "f1", "cover_em"),

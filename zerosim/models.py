@@ -142,7 +142,9 @@ def load_tokenizer(name_or_path: str):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    tokenizer.clean_up_tokenization_spaces = False  # destructive for BPE: it would drop spaces before punctuation
+    tokenizer.clean_up_tokenization_spaces = (
+        False  # destructive for BPE: it would drop spaces before punctuation
+    )
     return tokenizer
 
 

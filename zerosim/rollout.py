@@ -79,6 +79,7 @@ class Trajectory:
     answer: str | None = None
     finish: str = ""  # answer | eos | no_answer | max_tokens
     events: list[dict[str, Any]] = field(default_factory=list)
+    retrieved: list[Document] = field(default_factory=list)  # every document shown, in order
 
     @property
     def done(self) -> bool:
@@ -255,6 +256,7 @@ class SearchRollout:
             traj.searches += 1
             traj.documents += len(docs)
             traj.noisy_documents += sum(d.noisy is True for d in docs)
+            traj.retrieved.extend(docs)
             traj.add_environment(self._observation(docs))
             if len(traj.completion_ids) >= self.config.max_completion_tokens:
                 traj.finish = "max_tokens"

@@ -1,0 +1,233 @@
+"""The evaluation harness: a policy answers QA datasets with ``direct``, ``rag`` or ``agent``.
+
+Every row of every dataset is evaluated (the last partial batch included), greedily by default, and
+scored with the same metric functions as the training rewards. The result is a per-dataset table plus
+an average row, as in the ZeroSearch and Search-R1 papers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from curricula import ConstantSchedule
+from zerosim.config import EvalConfig
+from zerosim.data.qa import QAExample
+from zerosim.generation import HFGenerator
+from zerosim.metrics import cover_exact_match, exact_match, f1_score, normalize_answer
+from zerosim.rewards import extract_answer
+from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
+from zerosim.search import Document, SearchEngine, SearchRequest, format_documents
+
+DIRECT_PROMPT = (
+    "Answer the question in a few words. Write only the answer between <answer> and </answer>, "
+    "for example <answer> Paris </answer>.\nQuestion: {question}"
+)
+RAG_PROMPT = (
+    "Use the documents below to answer the question in a few words. Write only the answer between "
+    "<answer> and </answer>, for example <answer> Paris </answer>.\n\nDocuments:\n{documents}\n\n"
+    "Question: {question}"
+)
+COLUMNS = ("n", "em", "f1", "cover_em", "recall", "turns", "searches", "valid_format", "answer_rate")
+
+
+@dataclass
+class RowResult:
+    """One question's outcome."""
+
+    id: str
+    question: str
+    golden_answers: list[str]
+    prediction: str
+    tagged: bool  # the prediction came from an <answer> tag
+    valid_format: bool
+    turns: int
+    searches: int
+    recall: float | None  # a gold answer occurs in some retrieved document (None for direct)
+    em: float = 0.0
+    f1: float = 0.0
+    cover_em: float = 0.0
+    transcript: str = ""
+
+    def score(self) -> RowResult:
+        golds = self.golden_answers
+        self.em = exact_match(self.prediction, golds) if self.prediction else 0.0
+        self.f1 = f1_score(self.prediction, golds) if self.prediction else 0.0
+        self.cover_em = cover_exact_match(self.prediction, golds) if self.prediction else 0.0
+        return self
+
+
+@dataclass
+class DatasetResult:
+    name: str
+    rows: list[RowResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, float]:
+        n = len(self.rows)
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+        recalls = [r.recall for r in self.rows if r.recall is not None]
+        return {
+            "n": n,
+            "em": mean([r.em for r in self.rows]),
+            "f1": mean([r.f1 for r in self.rows]),
+            "cover_em": mean([r.cover_em for r in self.rows]),
+            "recall": mean(recalls) if recalls else float("nan"),
+            "turns": mean([r.turns for r in self.rows]),
+            "searches": mean([r.searches for r in self.rows]),
+            "valid_format": mean([r.valid_format for r in self.rows]),
+            "answer_rate": mean([r.tagged for r in self.rows]),
+        }
+
+
+def gold_in_documents(docs: Sequence[Document], golds: Sequence[str]) -> float:
+    """Retrieval recall for one question: 1 if any gold answer (normalised) occurs in any document."""
+    texts = [normalize_answer(d.contents) for d in docs]
+    return float(any(normalize_answer(g) and normalize_answer(g) in t for g in golds for t in texts))
+
+
+def _prediction(text: str) -> tuple[str, bool]:
+    """The ``<answer>`` content if present, else the first non-empty line (untagged)."""
+    tagged = extract_answer(text)
+    if tagged is not None:
+        return tagged, True
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[0] if lines else ""), False
+
+
+class Evaluator:
+    """Runs one method with one policy (and engine) over batches of questions."""
+
+    def __init__(self, cfg: EvalConfig, model, tokenizer, engine: SearchEngine | None):
+        if cfg.method != "direct" and engine is None:
+            raise ValueError(f"method {cfg.method!r} needs a search engine")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.engine = engine
+        temperature = cfg.rollout.temperature
+        self.answer_generator = HFGenerator(
+            model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=("</answer>",)
+        )
+        self.agent_generator = HFGenerator(
+            model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=STOP_STRINGS
+        )
+
+    def _encode(self, prompt: str) -> list[int]:
+        messages = [{"role": "user", "content": prompt}]
+        return list(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        )
+
+    def _answer(
+        self, batch: Sequence[QAExample], prompts: Sequence[str], docs: Sequence[Sequence[Document]] | None
+    ):
+        outputs = self.answer_generator.generate(
+            [self._encode(p) for p in prompts], self.cfg.max_answer_tokens
+        )
+        rows = []
+        for i, (ex, out) in enumerate(zip(batch, outputs, strict=True)):
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            prediction, tagged = _prediction(text)
+            rows.append(
+                RowResult(
+                    id=ex.id,
+                    question=ex.question,
+                    golden_answers=list(ex.golden_answers),
+                    prediction=prediction,
+                    tagged=tagged,
+                    valid_format=tagged,
+                    turns=1,
+                    searches=0 if docs is None else 1,
+                    recall=None if docs is None else gold_in_documents(docs[i], ex.golden_answers),
+                    transcript=prompts[i] + "\n---\n" + text,
+                ).score()
+            )
+        return rows
+
+    def direct(self, batch: Sequence[QAExample]) -> list[RowResult]:
+        return self._answer(batch, [DIRECT_PROMPT.format(question=ex.question) for ex in batch], None)
+
+    def rag(self, batch: Sequence[QAExample]) -> list[RowResult]:
+        docs = self.engine.search([SearchRequest(query=ex.question) for ex in batch], self.cfg.search.k)
+        prompts = [
+            RAG_PROMPT.format(documents=format_documents(d), question=ex.question)
+            for ex, d in zip(batch, docs, strict=True)
+        ]
+        return self._answer(batch, prompts, docs)
+
+    def agent(self, batch: Sequence[QAExample]) -> list[RowResult]:
+        examples = {build_prompt(ex.question): (ex.question, ex.golden_answers) for ex in batch}
+        rollout = SearchRollout(
+            self.tokenizer,
+            self.engine,
+            config=self.cfg.rollout,
+            k=self.cfg.search.k,
+            schedule=ConstantSchedule(0.0),  # evaluation: the engine as it is, no curriculum noise
+            examples=examples,
+            seed=self.cfg.seed,
+        )
+        trajectories, _ = rollout.run(
+            self.agent_generator, [build_prompt(ex.question) for ex in batch], step=0
+        )
+        rows = []
+        for ex, traj in zip(batch, trajectories, strict=True):
+            rows.append(
+                RowResult(
+                    id=ex.id,
+                    question=ex.question,
+                    golden_answers=list(ex.golden_answers),
+                    prediction=traj.answer or "",
+                    tagged=traj.answer is not None,
+                    valid_format=traj.valid_format,
+                    turns=traj.turns,
+                    searches=traj.searches,
+                    recall=gold_in_documents(traj.retrieved, ex.golden_answers),
+                    transcript=self.tokenizer.decode(traj.completion_ids, skip_special_tokens=False),
+                ).score()
+            )
+        return rows
+
+    def evaluate(self, name: str, examples: Sequence[QAExample], progress: bool = True) -> DatasetResult:
+        """Every row of ``examples``, in batches of ``batch_size`` (the last one may be smaller)."""
+        method = getattr(self, self.cfg.method)
+        result = DatasetResult(name)
+        started = time.perf_counter()
+        size = self.cfg.batch_size
+        batches = [examples[i : i + size] for i in range(0, len(examples), size)]
+        for batch in tqdm(batches, desc=f"eval {name} ({self.cfg.method})", disable=not progress):
+            result.rows.extend(method(batch))
+        result.seconds = time.perf_counter() - started
+        if len(result.rows) != len(examples):  # the harness's one promise: every row counted
+            raise AssertionError(f"evaluated {len(result.rows)} of {len(examples)} rows of {name}")
+        return result
+
+
+def table(results: Sequence[DatasetResult]) -> list[dict[str, Any]]:
+    """One row per dataset plus an ``average`` row (unweighted mean over datasets, as the papers report)."""
+    rows = [{"dataset": r.name, **r.summary()} for r in results]
+    if len(rows) > 1:
+        avg: dict[str, Any] = {"dataset": "average", "n": sum(r["n"] for r in rows)}
+        for col in COLUMNS[1:]:
+            values = [r[col] for r in rows if r[col] == r[col]]  # skip NaN
+            avg[col] = sum(values) / len(values) if values else float("nan")
+        rows.append(avg)
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], title: str = "") -> str:
+    """The table as Markdown, scores in percent like the papers."""
+    header = "| dataset | n | EM | F1 | cover-EM | recall@k | turns | searches | valid format | answer rate |"
+    lines = [f"### {title}", ""] if title else []
+    lines += [header, "|" + "---|" * 10]
+    pct = lambda x: "–" if x != x else f"{100 * x:.1f}"  # noqa: E731
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['n']} | {pct(r['em'])} | {pct(r['f1'])} | {pct(r['cover_em'])} | "
+            f"{pct(r['recall'])} | {r['turns']:.2f} | {r['searches']:.2f} | {pct(r['valid_format'])} | "
+            f"{pct(r['answer_rate'])} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,34 @@
+from zerosim.rewards import answer_reward, extract_answer, make_reward_func
+
+
+def test_extract_answer():
+    assert extract_answer("<think>x</think><answer> Lima </answer>") == "Lima"
+    assert extract_answer("<answer>a</answer> more <answer>b</answer>") == "b"
+    assert extract_answer("<answer>unterminated") is None
+    assert extract_answer("") is None
+
+
+def test_missing_answer_scores_zero_for_every_metric():
+    for metric in ("em", "f1", "cover_em"):
+        assert answer_reward(None, ["Lima"], metric) == 0.0
+
+
+def test_reward_func_normalises_and_uses_final_answer():
+    em = make_reward_func("em")
+    assert em.__name__ == "em"
+    scores = em(
+        prompts=["p"] * 4,
+        completions=["<answer>ignored</answer>"] * 4,
+        final_answer=["The Lima.", "lima", None, "Cusco"],
+        golden_answers=[["Lima"], ["Lima", "Lim"], ["Lima"], ["Lima"]],
+    )
+    assert scores == [1.0, 1.0, 0.0, 0.0]
+    cover = make_reward_func("cover_em")
+    assert cover(
+        prompts=[""], completions=[""], final_answer=["it is Lima, Peru"], golden_answers=[["lima"]]
+    ) == [1.0]
+    f1 = make_reward_func("f1")
+    (score,) = f1(
+        prompts=[""], completions=[""], final_answer=["presidential republic"], golden_answers=[["republic"]]
+    )
+    assert abs(score - 2 / 3) < 1e-9
