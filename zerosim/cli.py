@@ -14,8 +14,16 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Embedded and local models.", no_args_is_help=True)
 data_app = typer.Typer(help="Embedded data sets.", no_args_is_help=True)
+policy_app = typer.Typer(help="Policy preparation.", no_args_is_help=True)
+serve_app = typer.Typer(
+    help="Serve search engines over HTTP (Search-R1 /retrieve API).", no_args_is_help=True
+)
+index_app = typer.Typer(help="Build retrieval indexes.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
+app.add_typer(policy_app, name="policy")
+app.add_typer(serve_app, name="serve")
+app.add_typer(index_app, name="index")
 
 console = Console(stderr=True)
 
@@ -87,6 +95,76 @@ def evaluate(
         _fail(str(exc))
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
+
+
+@policy_app.command("warmstart")
+def policy_warmstart(
+    config: Path = typer.Option(
+        None, "--config", "-c", help="Training recipe; its warmstart section is used."
+    ),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. warmstart.max_steps=80"),
+) -> None:
+    """SFT the policy on synthetic search trajectories (cold start), as `train` does with warmstart.enabled."""
+    from zerosim.config import ConfigError, load_config
+    from zerosim.models import ModelError
+
+    try:
+        cfg = load_config(config, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+    from zerosim.warmstart import run_warmstart
+
+    try:
+        path = run_warmstart(
+            cfg.warmstart,
+            policy=cfg.policy.model,
+            seed=cfg.run.seed,
+            tracking=cfg.tracking,
+            output_dir=Path(cfg.run.output_dir) / cfg.run.name / "warmstart",
+        )
+    except (ModelError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
+
+
+@serve_app.command("retriever")
+def serve_retriever(
+    index: Path = typer.Option(..., "--index", help="Index directory from `zerosim index build`."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+) -> None:
+    """Serve a built index over POST /retrieve and GET /health."""
+    from eval.index import load_index
+    from zerosim.server import serve
+
+    try:
+        engine = load_index(index)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    serve(engine, host=host, port=port)
+
+
+@index_app.command("build")
+def index_build(
+    corpus: str = typer.Option(..., "--corpus", help="FlashRAG corpus jsonl, or factbook."),
+    kind: str = typer.Option(..., "--kind", help="bm25 | dense"),
+    out: Path = typer.Option(..., "--out", help="Index directory to write (atomically)."),
+    encoder: str = typer.Option(
+        "minilm", "--encoder", help="Dense encoder: sentence-transformers name/path or minilm."
+    ),
+    faiss_type: str = typer.Option("flat", "--faiss-type", help="flat | hnsw | ivfpq"),
+) -> None:
+    """Build a BM25 or dense index with a manifest."""
+    from eval.index import build_index
+    from zerosim.engines import resolve_corpus
+
+    if kind not in ("bm25", "dense"):
+        _fail(f"--kind must be bm25 or dense, got {kind!r}")
+    try:
+        path = build_index(Path(resolve_corpus(corpus)), kind, out, encoder=encoder, faiss_type=faiss_type)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
 
 
 @models_app.command("prepare")

@@ -137,6 +137,24 @@ class TrainerConfig:
 
 
 @dataclass
+class WarmstartConfig:
+    enabled: bool = (
+        False  # before RL, SFT the policy on synthetic search trajectories (cold start for small models)
+    )
+    data: str = EMBEDDED_DATA  # questions to build trajectories from: file, HF id, or "factbook"
+    split: str = "train"  # split of those questions
+    num_examples: int = 256  # synthetic trajectories to build
+    max_steps: int = 40  # SFT optimizer steps
+    learning_rate: float = 1e-4  # SFT learning rate
+    batch_size: int = 8  # SFT batch size
+    max_obs_tokens: int = 160  # documents kept per <information> block (match rollout.max_obs_tokens)
+    reuse: bool = True  # reuse <output_dir>/<name>/warmstart/final when it exists
+    search: SearchConfig = field(
+        default_factory=lambda: SearchConfig(engine="bm25")
+    )  # retriever for the trajectories
+
+
+@dataclass
 class TrackingConfig:
     tracking_uri: str = (
         "sqlite:///mlflow.db"  # MLflow tracking URI (sqlite file in the working dir by default)
@@ -155,6 +173,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 

@@ -52,4 +52,11 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
         if index_dir is not None:
             retriever.save(index_dir)
         return retriever
-    raise ValueError(f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25")
+    if cfg.engine == "http":
+        from zerosim.http_search import HTTPSearchEngine
+
+        h = cfg.http
+        return HTTPSearchEngine(
+            h.url, connect_timeout=h.connect_timeout, read_timeout=h.read_timeout, retries=h.retries
+        )
+    raise ValueError(f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http")

@@ -101,6 +101,33 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
 
 
+class ProtocolTokens:
+    """The token pieces of the search protocol: the chat-formatted prompt, observation blocks, the
+    corrective message. RL rollouts and warm-start SFT data both use these, so they agree token for token."""
+
+    def __init__(self, tokenizer, max_obs_tokens: int):
+        self.tokenizer = tokenizer
+        self.max_obs_tokens = max_obs_tokens
+        self.info_open = self.encode(INFO_OPEN)
+        self.info_close = self.encode(INFO_CLOSE)
+        self.invalid = self.encode(INVALID_ACTION)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, text: str) -> list[int]:
+        """The user message ``text`` in the chat template, ready for the assistant's first token."""
+        messages = [{"role": "user", "content": text}]
+        return list(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        )
+
+    def observation(self, docs: Sequence[Document]) -> list[int]:
+        """``<information>`` + the formatted documents clipped to ``max_obs_tokens`` + ``</information>``."""
+        body = self.encode(format_documents(docs))[: self.max_obs_tokens]
+        return self.info_open + body + self.info_close
+
+
 class SearchRollout:
     """Runs search trajectories for a batch of prompts; callable as TRL's ``rollout_func``.
 
@@ -131,20 +158,11 @@ class SearchRollout:
         self.granularity = granularity
         self.num_samples = num_samples
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
-        eos = {tokenizer.eos_token_id}
-        self._info_open = self._encode(INFO_OPEN)
-        self._info_close = self._encode(INFO_CLOSE)
-        self._invalid = self._encode(INVALID_ACTION)
-        self._eos_ids = sorted(t for t in eos if t is not None)
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
+        self._eos_ids = [tokenizer.eos_token_id]
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        messages = [{"role": "user", "content": prompt}]
-        return list(
-            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        )
+        return self.tokens.prompt(prompt)
 
     def generator_for(self, model) -> HFGenerator:
         return HFGenerator(
@@ -218,7 +236,7 @@ class SearchRollout:
                     elif gen.finish == "eos":
                         traj.finish = "eos"
                     else:
-                        traj.add_environment(self._invalid)
+                        traj.add_environment(self.tokens.invalid)
                 if not traj.done and len(traj.completion_ids) >= cfg.max_completion_tokens:
                     traj.finish = "max_tokens"
             searching = [(t, q) for t, q in searching if not t.done]
@@ -257,14 +275,10 @@ class SearchRollout:
             traj.documents += len(docs)
             traj.noisy_documents += sum(d.noisy is True for d in docs)
             traj.retrieved.extend(docs)
-            traj.add_environment(self._observation(docs))
+            traj.add_environment(self.tokens.observation(docs))
             if len(traj.completion_ids) >= self.config.max_completion_tokens:
                 traj.finish = "max_tokens"
             traj.events.append({"query": query, "noisy": [d.noisy for d in docs]})
-
-    def _observation(self, docs: Sequence[Document]) -> list[int]:
-        body = self._encode(format_documents(docs))[: self.config.max_obs_tokens]
-        return self._info_open + body + self._info_close
 
     # -- reporting -----------------------------------------------------------------------------------------
     def metrics(

@@ -87,6 +87,22 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
     )
 
 
+def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
+    """The cold-start SFT checkpoint for this run: reused when present (``warmstart.reuse``), else trained."""
+    from zerosim.warmstart import run_warmstart
+
+    target = output_dir / "warmstart" / "final"
+    if cfg.warmstart.reuse and (target / "config.json").is_file():
+        return target
+    return run_warmstart(
+        cfg.warmstart,
+        policy=cfg.policy.model,
+        seed=cfg.run.seed,
+        tracking=cfg.tracking,
+        output_dir=output_dir / "warmstart",
+    )
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
     import os
@@ -98,8 +114,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     dataset, examples = build_dataset(cfg)
-    tokenizer = load_tokenizer(cfg.policy.model)
-    policy = load_causal_lm(cfg.policy.model, cfg.policy.dtype)
+    policy_model = cfg.policy.model
+    if cfg.warmstart.enabled:
+        policy_model = str(warmstart_checkpoint(cfg, output_dir))
+    tokenizer = load_tokenizer(policy_model)
+    policy = load_causal_lm(policy_model, cfg.policy.dtype)
     engine = build_search_engine(cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype)
     c = cfg.curriculum
     schedule = build_schedule(
@@ -121,7 +140,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         num_samples=cfg.tracking.num_sample_trajectories,
     )
 
-    with mlflow_run(cfg.tracking, cfg.run.name, tags={"zerosim.job": "train"}) as run:
+    tags = {"zerosim.job": "train", "zerosim.policy_init": policy_model}
+    with mlflow_run(cfg.tracking, cfg.run.name, tags=tags) as run:
         log_config(cfg)
         trainer = GRPOTrainer(
             model=policy,

@@ -1,0 +1,80 @@
+"""Cold-start SFT data: the same token pieces as the rollout, observations masked out of the loss."""
+
+import subprocess
+import sys
+
+from zerosim.data.qa import QAExample
+from zerosim.rollout import ProtocolTokens, build_prompt, parse_action
+from zerosim.search import Document
+from zerosim.warmstart import IGNORE_INDEX, build_examples
+
+
+class Engine:
+    def __init__(self):
+        self.calls = 0
+
+    def search(self, requests, k):
+        self.calls += 1
+        return [
+            [Document(f"d{i}", "Peru", f"ZZINFO the capital of Peru is Lima {i}") for i in range(k)]
+            for _ in requests
+        ]
+
+
+def test_examples_mask_prompt_and_observations(tokenizer):
+    questions = [QAExample(f"q{i}", f"What is the capital of Peru {i}?", ("Lima",), {}) for i in range(5)]
+    engine = Engine()
+    rows = build_examples(questions, engine, tokenizer, k=2, max_obs_tokens=64, seed=0, batch_size=2)
+    assert len(rows) == 5 and engine.calls == 3  # batched searches
+    tokens = ProtocolTokens(tokenizer, 64)
+    for row, q in zip(rows, questions, strict=True):
+        ids, labels = row["input_ids"], row["labels"]
+        assert len(ids) == len(labels)
+        prompt = tokens.prompt(build_prompt(q.question))
+        assert ids[: len(prompt)] == prompt and set(labels[: len(prompt)]) == {IGNORE_INDEX}
+        trained = [t for t, lab in zip(ids, labels, strict=True) if lab != IGNORE_INDEX]
+        assert all(lab in (IGNORE_INDEX, t) for t, lab in zip(ids, labels, strict=True))
+        masked_text = tokenizer.decode([t for t, lab in zip(ids, labels, strict=True) if lab == IGNORE_INDEX])
+        trained_text = tokenizer.decode(trained)
+        assert (
+            "ZZINFO" in masked_text and "ZZINFO" not in trained_text and "<information>" not in trained_text
+        )
+        assert trained[-1] == tokenizer.eos_token_id
+        assert parse_action(trained_text.split("</search>")[0] + "</search>")[0] == "search"
+        assert parse_action(trained_text)[0] == "answer" and "Lima" in trained_text
+
+
+def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir):
+    import json
+
+    import mlflow
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"Capital of {i}?", "golden_answers": ["Lima"]}) + "\n"
+            for i in range(6)
+        )
+    )
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"C{i}\nThe capital of {i} is Lima."}) + "\n"
+            for i in range(6)
+        )
+    )
+    db = tmp_path / "m.db"
+    cmd = [
+        sys.executable, "-m", "zerosim.cli", "policy", "warmstart", f"policy.model={tiny_model_dir}",
+        f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=2",
+        "warmstart.batch_size=2", "warmstart.num_examples=4", f"run.output_dir={tmp_path / 'out'}", "run.name=ws",
+        f"tracking.tracking_uri=sqlite:///{db}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = tmp_path / "out" / "ws" / "warmstart" / "final"
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "tokenizer_config.json").is_file()
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    (run,) = mlflow.search_runs(experiment_names=["zerosim"], output_format="list")
+    assert run.data.tags["zerosim.job"] == "warmstart" and "train_loss" in run.data.metrics
+    assert not (tmp_path / "out" / "ws" / "warmstart" / "trainer").exists()

@@ -1,0 +1,279 @@
+"""A :class:`~zerosim.search.SearchEngine` that asks a search server over HTTP (Search-R1 ``/retrieve`` API).
+
+Works against :mod:`zerosim.server` (any engine, the simulator included) and against a plain Search-R1
+retrieval server. One POST per ``search`` call carries every query. Failures are retried a bounded number of
+times with exponential backoff and then raised as :class:`SearchError`; an answer is never replaced by an
+empty list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from zerosim.search import Document, SearchError, SearchRequest
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way another attempt may fix (the message says how)."""
+
+
+class HTTPSearchEngine:
+    """Search through a ``POST /retrieve`` server; implements :class:`zerosim.search.SearchEngine`.
+
+    Args:
+        url: the server's base URL (``http://host:8000``) or its retrieve URL (``http://host:8000/retrieve``).
+        connect_timeout: seconds to wait for a TCP connection.
+        read_timeout: seconds to wait for the answer once the request is sent (a simulator may need many).
+        retries: attempts in all for one search (1 = no retry). Connection errors, timeouts, 5xx answers,
+            invalid JSON and malformed answers are retried; a 4xx answer (a bad request) is not.
+        backoff: seconds slept before the second attempt; doubled before each later one.
+        max_backoff: upper bound on one sleep.
+        check_health: ask ``GET /health`` at construction. A connection failure there raises
+            :class:`SearchError`; a 404 (a plain Search-R1 server has no ``/health``) only warns.
+        send_training_fields: send each request's ``question``, ``answers`` and ``noise`` along (the server's
+            extension fields, for a simulator behind it; a Search-R1 server ignores them).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        check_health: bool = True,
+        send_training_fields: bool = True,
+    ):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"search server url {url!r} must look like http://HOST:PORT[/retrieve]")
+        if retries < 1:
+            raise ValueError(f"retries={retries} must be at least 1 (it counts attempts in all)")
+        if connect_timeout <= 0 or read_timeout <= 0:
+            raise ValueError(
+                f"timeouts must be positive (connect_timeout={connect_timeout}, read_timeout={read_timeout})"
+            )
+        if backoff < 0 or max_backoff < 0:
+            raise ValueError(f"backoff={backoff} and max_backoff={max_backoff} must not be negative")
+        base = url.rstrip("/")
+        if base.endswith("/retrieve"):
+            base = base[: -len("/retrieve")]
+        self.base_url = base
+        self.retrieve_url = f"{base}/retrieve"
+        self.health_url = f"{base}/health"
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.send_training_fields = send_training_fields
+        # write/pool timeouts follow connect: sending a request body or waiting for a free connection is quick
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(
+                connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout
+            )
+        )
+        self.server_info: dict[str, Any] | None = None  # the /health answer, when the server has one
+        if check_health:
+            try:
+                self.server_info = self._check_health()
+            except BaseException:
+                self.close()
+                raise
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
+        """One POST carrying every query; ``k`` documents (at most) per request, in order."""
+        if k < 1:
+            raise ValueError(f"k={k} must be at least 1")
+        if not requests:
+            return []
+        payload = self._payload(requests, k)
+        return self._with_retries(self.retrieve_url, lambda: self._retrieve_once(payload, len(requests), k))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HTTPSearchEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HTTPSearchEngine({self.retrieve_url!r}, retries={self.retries}, read_timeout={self.read_timeout})"
+
+    # -- one attempt ----------------------------------------------------------------------------------
+
+    def _payload(self, requests: Sequence[SearchRequest], k: int) -> dict[str, Any]:
+        payload: dict[str, Any] = {"queries": [r.query for r in requests], "topk": k, "return_scores": True}
+        if self.send_training_fields:
+            # only when a request has them, so a plain retrieval call stays a plain Search-R1 call
+            if any(r.question is not None for r in requests):
+                payload["questions"] = [r.question for r in requests]
+            if any(r.answers for r in requests):
+                payload["answers"] = [list(r.answers) for r in requests]
+            if any(r.noise is not None for r in requests):
+                payload["noise"] = [list(r.noise_for(k)) if r.noise is not None else None for r in requests]
+        return payload
+
+    def _retrieve_once(self, payload: dict[str, Any], n_queries: int, k: int) -> list[list[Document]]:
+        response = self._send("POST", self.retrieve_url, json=payload)
+        self._raise_for_status(response, self.retrieve_url)
+        data = self._json(response)
+        return _parse_result(data, n_queries, k)
+
+    def _check_health(self) -> dict[str, Any] | None:
+        def attempt() -> dict[str, Any] | None:
+            response = self._send("GET", self.health_url)
+            if response.status_code == 404:
+                warnings.warn(
+                    f"search server {self.base_url} has no /health (a plain Search-R1 server?); "
+                    "continuing without a health check",
+                    stacklevel=5,  # the caller of HTTPSearchEngine(...)
+                )
+                return None
+            self._raise_for_status(response, self.health_url)
+            data = self._json(response)
+            if not isinstance(data, dict) or data.get("status") != "ok":
+                raise _Retryable(f"/health answered {str(data)[:200]!r}, not status ok")
+            return data
+
+        return self._with_retries(self.health_url, attempt)
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._client.request(method, url, **kwargs)
+        except httpx.ConnectTimeout as exc:
+            raise _Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s") from exc
+        except httpx.ReadTimeout as exc:
+            raise _Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)") from exc
+        except httpx.TimeoutException as exc:
+            raise _Retryable(f"timed out ({type(exc).__name__})") from exc
+        except httpx.ConnectError as exc:
+            raise _Retryable(f"cannot connect ({_reason(exc)})") from exc
+        except httpx.TransportError as exc:  # connection reset, protocol error, ...
+            raise _Retryable(f"{type(exc).__name__}: {_reason(exc)}") from exc
+
+    def _raise_for_status(self, response: httpx.Response, url: str) -> None:
+        status = response.status_code
+        if status < 300:
+            return
+        message = _error_message(response)
+        if 400 <= status < 500:
+            raise SearchError(
+                f"search server {url} rejected the request (HTTP {status}, not retried): {message}"
+            )
+        raise _Retryable(f"HTTP {status}: {message}")
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise _Retryable(f"invalid JSON answer ({exc}): {response.text[:200]!r}") from exc
+
+    # -- retries --------------------------------------------------------------------------------------
+
+    def _with_retries(self, url: str, attempt: Callable[[], T]) -> T:
+        """Run ``attempt`` up to ``self.retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
+        problem = ""
+        for i in range(self.retries):
+            if i:
+                time.sleep(min(self.max_backoff, self.backoff * 2 ** (i - 1)))
+            try:
+                return attempt()
+            except _Retryable as exc:
+                problem = str(exc)
+                logger.warning("search server %s, attempt %d/%d: %s", url, i + 1, self.retries, problem)
+        plural = "attempt" if self.retries == 1 else "attempts"
+        raise SearchError(f"search server {url} did not answer after {self.retries} {plural}: {problem}")
+
+
+# -- parsing an answer (pure functions) -----------------------------------------------------------------
+
+
+def _parse_result(data: Any, n_queries: int, k: int) -> list[list[Document]]:
+    """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`_Retryable`.
+
+    An entry is ``{"document": {...}, "score": x}`` (``return_scores``) or the document itself.
+    """
+    if not isinstance(data, dict) or "result" not in data:
+        raise _Retryable(f"malformed answer: no 'result' key in {str(data)[:200]!r}")
+    result = data["result"]
+    if not isinstance(result, list) or len(result) != n_queries:
+        got = len(result) if isinstance(result, list) else type(result).__name__
+        raise _Retryable(f"malformed answer: {got} result lists for {n_queries} queries")
+    out = []
+    for qi, entries in enumerate(result):
+        if not isinstance(entries, list) or not entries:
+            raise _Retryable(
+                f"malformed answer: no documents for query {qi} (an empty result is not an answer)"
+            )
+        if len(entries) > k:
+            raise _Retryable(f"malformed answer: {len(entries)} documents for query {qi} but topk={k}")
+        out.append([_parse_entry(entry, qi, rank) for rank, entry in enumerate(entries)])
+    return out
+
+
+def _parse_entry(entry: Any, qi: int, rank: int) -> Document:
+    where = f"query {qi}, document {rank}"
+    if not isinstance(entry, dict):
+        raise _Retryable(f"malformed answer: {where} is {type(entry).__name__}, not an object")
+    doc, score = (
+        (entry["document"], entry.get("score")) if "document" in entry else (entry, entry.get("score"))
+    )
+    if not isinstance(doc, dict):
+        raise _Retryable(f"malformed answer: {where} has a non-object 'document'")
+    contents = doc.get("contents")
+    if not isinstance(contents, str):
+        raise _Retryable(f"malformed answer: {where} has no 'contents' string")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
+        raise _Retryable(f"malformed answer: {where} has score {score!r}, not a number")
+    noisy = doc.get("noisy")
+    if noisy is not None and not isinstance(noisy, bool):
+        raise _Retryable(f"malformed answer: {where} has noisy={noisy!r}, not a bool or null")
+    doc_id = doc.get("id")
+    if doc_id is None:
+        # Search-R1's BM25 server sends no id; a content hash keeps "same document" meaningful
+        doc_id = "sha1-" + hashlib.sha1(contents.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
+    score = float(score) if score is not None and math.isfinite(score) else None
+    document = Document.from_contents(str(doc_id), contents, score)
+    return replace(document, noisy=noisy) if noisy is not None else document
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's ``error`` (zerosim) or ``detail`` (FastAPI) field, else the start of the body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(data, dict):
+        for key in ("error", "detail"):
+            if data.get(key):
+                return str(data[key])[:500]
+    return str(data)[:200]
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    if "Connection refused" in text or "Errno 111" in text:
+        return "connection refused"
+    return text or type(exc).__name__
