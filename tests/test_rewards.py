@@ -32,3 +32,27 @@ def test_reward_func_normalises_and_uses_final_answer():
         prompts=[""], completions=[""], final_answer=["presidential republic"], golden_answers=[["republic"]]
     )
     assert abs(score - 2 / 3) < 1e-9
+
+
+def test_format_shaped_reward_matches_search_r1_table():
+    from zerosim.rewards import format_shaped
+
+    lam = 0.2
+    assert format_shaped(1.0, True, True, lam) == 1.0
+    assert abs(format_shaped(1.0, True, False, lam) - 0.8) < 1e-12
+    assert abs(format_shaped(0.0, True, True, lam) - 0.2) < 1e-12
+    assert abs(format_shaped(0.0, True, False, lam) - 0.1) < 1e-12
+    assert format_shaped(0.0, False, False, lam) == 0.0
+    assert format_shaped(0.7, True, False, 0.0) == 0.7
+
+
+def test_reward_func_with_format_weight_uses_valid_format():
+    r = make_reward_func("em", format_weight=0.2)
+    scores = r(
+        prompts=[""] * 3,
+        completions=[""] * 3,
+        final_answer=["Lima", "Cusco", None],
+        golden_answers=[["Lima"]] * 3,
+        valid_format=[False, True, False],
+    )
+    assert [round(s, 6) for s in scores] == [0.8, 0.2, 0.0]

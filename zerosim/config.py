@@ -119,6 +119,7 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     metric: str = "em"  # em | f1 | cover_em — outcome reward from the final <answer>
+    format_weight: float = 0.0  # λ of Search-R1's format-shaped reward (0 = outcome only; 0.2 in their runs)
 
 
 @dataclass

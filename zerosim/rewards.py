@@ -33,13 +33,40 @@ def answer_reward(prediction: str | None, golds: Sequence[str], metric: str = "e
     return float(METRICS[metric](prediction, list(golds)))
 
 
-def make_reward_func(metric: str) -> Callable[..., list[float]]:
-    """A TRL reward function scoring the rollout's ``final_answer`` against ``golden_answers``."""
+def format_shaped(outcome: float, answered: bool, valid_format: bool, weight: float) -> float:
+    """Search-R1's format-shaped reward with format weight ``λ`` and outcome ``r`` in [0, 1]:
+
+    valid format:            λ + (1 - λ)·r            (1 correct, λ wrong)
+    invalid, but answered:   (1 - λ)·r + (λ/2)(1 - r)  (1 - λ correct, λ/2 wrong)
+    no answer:               0
+
+    ``λ = 0`` gives the plain outcome reward.
+    """
+    if not answered:
+        return 0.0
+    if valid_format:
+        return weight + (1 - weight) * outcome
+    return (1 - weight) * outcome + (weight / 2) * (1 - outcome)
+
+
+def make_reward_func(metric: str, format_weight: float = 0.0) -> Callable[..., list[float]]:
+    """A TRL reward function scoring the rollout's ``final_answer`` against ``golden_answers``.
+
+    With ``format_weight`` > 0 the outcome is shaped by the trajectory's format (:func:`format_shaped`).
+    """
     if metric not in METRICS:
         raise ValueError(f"unknown reward metric {metric!r}; valid: {', '.join(METRICS)}")
+    if not 0.0 <= format_weight < 1.0:
+        raise ValueError(f"format_weight must be in [0, 1), got {format_weight}")
 
-    def reward(prompts, completions, final_answer, golden_answers, **kwargs) -> list[float]:
-        return [answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)]
+    def reward(prompts, completions, final_answer, golden_answers, valid_format=None, **kwargs) -> list[float]:
+        outcomes = [answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)]
+        if not format_weight:
+            return outcomes
+        return [
+            format_shaped(r, a is not None, bool(v), format_weight)
+            for r, a, v in zip(outcomes, final_answer, valid_format, strict=True)
+        ]
 
     reward.__name__ = metric  # TRL logs it as rewards/<name>/mean
     return reward

@@ -189,6 +189,7 @@ class SearchRollout:
             "env_mask": [t.env_mask for t in trajectories],
             "final_answer": [t.answer for t in trajectories],
             "num_searches": [t.searches for t in trajectories],
+            "valid_format": [t.valid_format for t in trajectories],
         }
 
     # -- the loop ----------------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         log_config(cfg)
         trainer = GRPOTrainer(
             model=policy,
-            reward_funcs=[make_reward_func(cfg.reward.metric)],
+            reward_funcs=[make_reward_func(cfg.reward.metric, cfg.reward.format_weight)],
             args=grpo_args(cfg, output_dir),
             train_dataset=dataset,
             processing_class=tokenizer,
