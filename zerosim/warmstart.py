@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import random
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from zerosim.config import WarmstartConfig
 from zerosim.data.qa import QAExample
+from zerosim.fsutil import atomic_directory
 from zerosim.rollout import ProtocolTokens, build_prompt
 from zerosim.search import SearchEngine, SearchRequest
 
@@ -123,17 +123,9 @@ def run_warmstart(
             model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
         )
         trainer.train()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-        try:
+        with atomic_directory(target) as tmp:
             trainer.save_model(str(tmp))
             tokenizer.save_pretrained(str(tmp))
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
     shutil.rmtree(output_dir / "trainer", ignore_errors=True)
     return target
