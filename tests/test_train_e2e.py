@@ -27,8 +27,10 @@ def qa_file(tmp_path):
     return path, corpus
 
 
-@pytest.mark.parametrize("engine", ["simulator", "bm25"])
-def test_cli_train_two_steps_logs_metrics_and_checkpoint(tmp_path, tiny_model_dir, qa_file, engine):
+@pytest.mark.parametrize("engine,warmstart", [("simulator", False), ("bm25", True)])
+def test_cli_train_two_steps_logs_metrics_and_checkpoint(
+    tmp_path, tiny_model_dir, qa_file, engine, warmstart
+):
     import mlflow
 
     qa, corpus = qa_file
@@ -41,13 +43,22 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(tmp_path, tiny_model_di
         f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
         "trainer.num_generations=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
         "search.simulator.max_new_tokens=16", f"tracking.tracking_uri=sqlite:///{db}",
-        "tracking.experiment=e2e",
+        "tracking.experiment=e2e", f"warmstart.enabled={warmstart}", f"warmstart.data={qa}",
+        f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=1", "warmstart.batch_size=2",
+        "warmstart.num_examples=2",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     mlflow.set_tracking_uri(f"sqlite:///{db}")
-    (run,) = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
+    runs = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
+    (run,) = [r for r in runs if r.data.tags["zerosim.job"] == "train"]
+    if warmstart:
+        (ws,) = [r for r in runs if r.data.tags["zerosim.job"] == "warmstart"]
+        assert run.data.tags["zerosim.policy_init"] == str(tmp_path / "out" / "e2e" / "warmstart" / "final")
+        assert ws.data.tags["zerosim.checkpoint"] == str(
+            (tmp_path / "out" / "e2e" / "warmstart" / "final").resolve()
+        )
     assert run.info.status == "FINISHED"
     client = mlflow.MlflowClient()
     for key in [

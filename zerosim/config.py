@@ -65,8 +65,8 @@ class DenseConfig:
     encoder: str = "minilm"  # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2)
     index_dir: str | None = None  # load a built index from here (zerosim index build); None = build in memory
     faiss_type: str = "flat"  # flat | hnsw | ivfpq
-    query_prefix: str = ""  # prepended to queries (e5: "query: ")
-    passage_prefix: str = ""  # prepended to passages (e5: "passage: ")
+    query_prefix: str | None = None  # prepended to queries (e5: "query: "); None = what the encoder expects
+    passage_prefix: str | None = None  # prepended to passages (e5: "passage: "); None = what the encoder expects
 
 
 @dataclass

@@ -23,6 +23,31 @@ def resolve_corpus(source: str):
     return path
 
 
+def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> SearchEngine:
+    """A BM25 or dense retriever from an index directory.
+
+    With ``index_dir`` set, that index is loaded (its manifest checked against the encoder). Without it,
+    the index is built once into ``$ZEROSIM_HOME/indexes`` (keyed by corpus path and options) and reused;
+    its manifest is checked against the corpus, so an edited corpus triggers a clear mismatch error.
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from eval.index import build_index, load_index
+    from zerosim.models import zerosim_home
+
+    encoder = options.get("encoder")
+    if index_dir is not None:
+        return load_index(Path(index_dir), encoder=encoder)
+    corpus_path = Path(resolve_corpus(corpus)).resolve()
+    key = json.dumps({"corpus": str(corpus_path), "kind": kind, **options}, sort_keys=True)
+    target = zerosim_home() / "indexes" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if not (target / "manifest.json").is_file():
+        build_index(corpus_path, kind, target, **options)
+    return load_index(target, corpus=corpus_path, encoder=encoder)
+
+
 def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto") -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer."""
     if cfg.engine == "simulator":
@@ -40,18 +65,33 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
             seed=seed,
         )
     if cfg.engine == "bm25":
-        from pathlib import Path
+        return real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
+    if cfg.engine == "dense":
+        d = cfg.dense
+        return real_retriever(
+            "dense",
+            d.corpus,
+            d.index_dir,
+            encoder=d.encoder,
+            faiss_type=d.faiss_type,
+            query_prefix=d.query_prefix,
+            passage_prefix=d.passage_prefix,
+        )
+    if cfg.engine == "hybrid":
+        from eval.hybrid import HybridRetriever
 
-        from eval.bm25 import BM25Retriever
-        from zerosim.data.qa import load_corpus
-
-        index_dir = Path(cfg.bm25.index_dir) if cfg.bm25.index_dir else None
-        if index_dir is not None and (index_dir / "meta.json").is_file():
-            return BM25Retriever.load(index_dir)
-        retriever = BM25Retriever(load_corpus(resolve_corpus(cfg.bm25.corpus))).index()
-        if index_dir is not None:
-            retriever.save(index_dir)
-        return retriever
+        d = cfg.dense
+        sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
+        dense = real_retriever(
+            "dense",
+            d.corpus,
+            d.index_dir,
+            encoder=d.encoder,
+            faiss_type=d.faiss_type,
+            query_prefix=d.query_prefix,
+            passage_prefix=d.passage_prefix,
+        )
+        return HybridRetriever(sparse, dense, rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
     if cfg.engine == "http":
         from zerosim.http_search import HTTPSearchEngine
 
