@@ -76,7 +76,9 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     assert (checkpoint / "config.json").is_file() and (checkpoint / "model.safetensors").is_file()
     assert run.data.tags["zerosim.checkpoint"] == str(checkpoint.resolve())
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "samples"} <= artifacts
+    assert {"config.yaml", "samples", "plots"} <= artifacts
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert plots == {"plots/training.png"}
     samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
     rows = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert rows and {"question", "completion", "golden_answers", "step"} <= set(rows[0])

@@ -48,6 +48,19 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
     return load_index(target, corpus=corpus_path, encoder=encoder)
 
 
+def _dense(cfg: SearchConfig) -> SearchEngine:
+    d = cfg.dense
+    return real_retriever(
+        "dense",
+        d.corpus,
+        d.index_dir,
+        encoder=d.encoder,
+        faiss_type=d.faiss_type,
+        query_prefix=d.query_prefix,
+        passage_prefix=d.passage_prefix,
+    )
+
+
 def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto") -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer."""
     if cfg.engine == "simulator":
@@ -67,31 +80,12 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
     if cfg.engine == "bm25":
         return real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
     if cfg.engine == "dense":
-        d = cfg.dense
-        return real_retriever(
-            "dense",
-            d.corpus,
-            d.index_dir,
-            encoder=d.encoder,
-            faiss_type=d.faiss_type,
-            query_prefix=d.query_prefix,
-            passage_prefix=d.passage_prefix,
-        )
+        return _dense(cfg)
     if cfg.engine == "hybrid":
         from eval.hybrid import HybridRetriever
 
-        d = cfg.dense
         sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
-        dense = real_retriever(
-            "dense",
-            d.corpus,
-            d.index_dir,
-            encoder=d.encoder,
-            faiss_type=d.faiss_type,
-            query_prefix=d.query_prefix,
-            passage_prefix=d.passage_prefix,
-        )
-        return HybridRetriever(sparse, dense, rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
+        return HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
     if cfg.engine == "http":
         from zerosim.http_search import HTTPSearchEngine
 

@@ -58,3 +58,34 @@ def log_jsonl(rows: Iterable[Mapping[str, Any]], artifact_file: str) -> None:
 
     text = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
     mlflow.log_text(text, artifact_file)
+
+
+PLOTTED = (
+    ("reward", "reward"),
+    ("curriculum/noise_prob", "scheduled noise p(i)"),
+    ("search/noisy_doc_share", "noisy share served"),
+    ("rollout/searches_per_traj", "searches / trajectory"),
+    ("rollout/valid_format_rate", "valid format rate"),
+    ("rollout/answer_rate", "answer rate"),
+)
+
+
+def log_training_curves(log_history: list[dict[str, Any]], artifact_file: str = "plots/training.png") -> None:
+    """Plot the per-step curves people compare runs by (reward, curriculum, search behaviour) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6), constrained_layout=True)
+    for ax, (key, title) in zip(axes.flat, PLOTTED, strict=True):
+        points = [(row["step"], row[key]) for row in log_history if key in row and row[key] is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker="o", markersize=3)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    mlflow.log_figure(fig, artifact_file)
+    plt.close(fig)

@@ -20,7 +20,7 @@ from zerosim.fsutil import atomic_directory
 from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
-from zerosim.tracking import log_config, log_jsonl, mlflow_run
+from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run
 
 # Our algorithm names → TRL GRPOTrainer loss types.
 LOSS_TYPES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo"}
@@ -154,6 +154,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         )
         trainer.train()
         log_jsonl(rollout.samples, "samples/trajectories.jsonl")
+        log_training_curves(trainer.state.log_history)
         checkpoint = None
         if cfg.trainer.save_final:
             checkpoint = output_dir / "final"
