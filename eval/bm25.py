@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,45 +73,41 @@ class BM25Retriever:
             )
         return results
 
+    # -- persistence (the directory layout and manifest are eval.index's) --------------------------------
+
     def save(self, index_dir: str | Path) -> Path:
-        """Write the index and its documents to ``index_dir`` (temp dir, then rename)."""
+        """Write the index, its passages and a manifest to ``index_dir`` (temp dir, then rename)."""
+        from eval.index import save_index
+
         if self.retriever is None:
             raise ValueError("nothing to save: call index() first")
-        index_dir = Path(index_dir)
-        index_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=index_dir.parent))
-        try:
-            self.retriever.save(str(tmp / "bm25s"))
-            with open(tmp / "docs.jsonl", "w", encoding="utf-8") as f:
-                for d in self.docs:
-                    f.write(json.dumps({"id": d.id, "contents": d.contents}, ensure_ascii=False) + "\n")
-            meta = {"kind": "bm25", "stopwords": self.stopwords, "stemmer": self.stemmer_language}
-            (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-            if index_dir.exists():
-                shutil.rmtree(index_dir)
-            tmp.rename(index_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return index_dir
+        return save_index(self, index_dir)
 
     @classmethod
     def load(cls, index_dir: str | Path) -> BM25Retriever:
+        """Load an index written by :meth:`save` or ``eval.index.build_index(kind="bm25")``."""
+        from eval.index import load_index
+
+        retriever = load_index(index_dir)
+        if not isinstance(retriever, cls):
+            raise ValueError(f"{index_dir} holds a {type(retriever).__name__} index, not a BM25 one")
+        return retriever
+
+    def manifest_fields(self) -> dict:
+        return {"kind": "bm25", "bm25": {"stopwords": self.stopwords, "stemmer": self.stemmer_language}}
+
+    def write_files(self, index_dir: Path) -> None:
+        self.retriever.save(str(index_dir / "bm25s"))
+        # zerosim.engines still recognises an index by meta.json; manifest.json is the source of truth.
+        meta = {"kind": "bm25", "stopwords": self.stopwords, "stemmer": self.stemmer_language}
+        (index_dir / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+
+    @classmethod
+    def from_files(cls, index_dir: Path, docs: Sequence[Document], manifest: dict) -> BM25Retriever:
         import bm25s
 
-        from zerosim.data.qa import load_corpus
-
-        index_dir = Path(index_dir)
-        meta_path = index_dir / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(
-                f"{index_dir} is not a BM25 index (no meta.json); build one with BM25Retriever.save"
-            )
-        meta = json.loads(meta_path.read_text())
         self = cls(
-            load_corpus(index_dir / "docs.jsonl"),
-            stopwords=meta["stopwords"],
-            stemmer_language=meta["stemmer"],
+            docs, stopwords=manifest["bm25"]["stopwords"], stemmer_language=manifest["bm25"]["stemmer"]
         )
         self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
         return self

@@ -21,9 +21,13 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
+        old = None
+        if target.exists():  # move the old one aside first: the target is missing only between two renames
+            old = Path(tempfile.mkdtemp(prefix=f".old-{target.name}-", dir=target.parent))
+            target.rename(old / target.name)
         tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,50 @@
+"""Hybrid retrieval: reciprocal-rank fusion (RRF) of two search engines (typically BM25 + dense)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from zerosim.search import Document, SearchEngine, SearchRequest
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[Document]], k: int, rrf_k: int = 60) -> list[Document]:
+    """Fuse ranked lists into one: ``score(d) = sum over lists holding d of 1 / (rrf_k + rank)``, rank 1-based.
+
+    Documents are matched by id. Ties keep the order in which documents were first seen (list by list),
+    so the result is deterministic. Returns at most ``k`` documents carrying their fused score.
+    """
+    fused: dict[str, float] = {}
+    first: dict[str, Document] = {}
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking, start=1):
+            fused[doc.id] = fused.get(doc.id, 0.0) + 1.0 / (rrf_k + rank)
+            first.setdefault(doc.id, doc)
+    order = sorted(fused, key=lambda i: -fused[i])  # stable: ties stay in first-seen order
+    return [
+        Document(id=i, title=first[i].title, text=first[i].text, score=fused[i], noisy=first[i].noisy)
+        for i in order[:k]
+    ]
+
+
+class HybridRetriever:
+    """Reciprocal-rank fusion of two :class:`SearchEngine` s; itself a :class:`SearchEngine`.
+
+    Each ``search`` makes exactly one batched call into each engine, asking for ``max(k, depth)`` candidates,
+    and fuses the two lists per request with :func:`reciprocal_rank_fusion`.
+    """
+
+    def __init__(self, first: SearchEngine, second: SearchEngine, *, rrf_k: int = 60, depth: int = 50):
+        if rrf_k < 0 or depth < 1:
+            raise ValueError(
+                f"HybridRetriever needs rrf_k >= 0 and depth >= 1 (got rrf_k={rrf_k}, depth={depth})"
+            )
+        self.engines = (first, second)
+        self.rrf_k = rrf_k
+        self.depth = depth
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
+        if not requests:
+            return []
+        depth = max(k, self.depth)
+        first, second = (engine.search(requests, depth) for engine in self.engines)
+        return [reciprocal_rank_fusion([a, b], k, self.rrf_k) for a, b in zip(first, second, strict=True)]
