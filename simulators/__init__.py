@@ -1,7 +1,18 @@
-"""LLM search simulators."""
+"""LLM search simulators: prompts, parsing, text backends, the simulator engine, a cache, serving."""
 
-from simulators.llm import LLMSimulator
+from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
+from simulators.cache import CachedSearchEngine
+from simulators.llm import LLMSimulator, load_prompts
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
 
-__all__ = ["LLMSimulator", "SimulatorPrompts", "split_documents"]
+__all__ = [
+    "CachedSearchEngine",
+    "LLMSimulator",
+    "OpenAIBackend",
+    "SimulatorPrompts",
+    "TextBackend",
+    "TransformersBackend",
+    "load_prompts",
+    "split_documents",
+]

@@ -1,25 +1,40 @@
 """The LLM search simulator: an LLM writes the documents a search engine would return.
 
-Each request's result slots are useful or noisy as ``SearchRequest.noise`` says; the simulator writes
-the useful slots with one prompt and the noisy slots with another, all prompts of a call in one batched
-``generate``, and marks every returned :class:`Document` with its mode.
+Each request's result slots are useful or noisy as ``SearchRequest.noise`` says; the simulator writes the
+useful slots with one prompt and the noisy slots with another, sends all prompts of a call to its
+:class:`~simulators.backends.TextBackend` in one batched call, and marks every returned
+:class:`Document` with its mode.
+
+Short answers (fewer documents than slots, garbled or empty text) are handled by ``on_short``:
+
+- ``"reask"`` — ask once more for the missing slots only (one more batched call), then fill what is still
+  missing with an explicit failure document;
+- ``"fill"`` — fill the missing slots with an explicit failure document straight away.
+
+A request for which nothing at all could be parsed gets a single failure document. Never an empty
+observation, never a crash; every shortfall is counted in :attr:`LLMSimulator.stats`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import torch
-
+from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
-from zerosim.generation import HFGenerator
-from zerosim.search import Document, SearchRequest
+from zerosim.search import Document, SearchError, SearchRequest
 
 EMPTY_RESULT_TEXT = "The search engine returned no readable result for this query."
+MISSING_DOC_TEXT = "The search engine could not produce this result."
+FAILURE_TEXTS = frozenset({EMPTY_RESULT_TEXT, MISSING_DOC_TEXT})
+ON_SHORT = ("reask", "fill")
 
 
 @dataclass(frozen=True)
@@ -31,95 +46,275 @@ class _Job:
 
 
 class LLMSimulator:
-    """Implements :class:`zerosim.search.SearchEngine` with an in-process transformers model."""
+    """Implements :class:`zerosim.search.SearchEngine` with an LLM behind a :class:`TextBackend`.
+
+    Args:
+        backend: what completes the prompts (:class:`TransformersBackend`, :class:`OpenAIBackend`, ...).
+            For backward compatibility a transformers model is accepted here when ``tokenizer`` is given.
+        words_per_doc: target length of each document (said in the prompt).
+        max_new_tokens: generation budget for all documents of one prompt.
+        temperature, top_p: sampling settings (temperature 0 = greedy).
+        pass_answers: show the question and gold answers to the simulator (training-time mode).
+        prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`).
+        seed: with the same prompts, the same seed gives the same documents.
+        on_short: ``"reask"`` or ``"fill"`` — what to do when fewer documents than slots come back.
+    """
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        backend: TextBackend | Any,
+        tokenizer: Any = None,
         *,
         words_per_doc: int = 30,
         max_new_tokens: int = 192,
         temperature: float = 0.7,
         top_p: float = 0.95,
         pass_answers: bool = True,
-        prompts: SimulatorPrompts | None = None,
+        prompts: SimulatorPrompts | str | Path | None = None,
         seed: int = 0,
+        on_short: str = "reask",
     ):
-        self.tokenizer = tokenizer
+        if on_short not in ON_SHORT:
+            raise ValueError(f"on_short={on_short!r} is not one of {', '.join(ON_SHORT)}")
+        if tokenizer is not None:
+            backend = TransformersBackend(backend, tokenizer)
+        if not callable(getattr(backend, "complete", None)):
+            raise TypeError(f"backend {backend!r} has no complete(prompts, ...) method (see TextBackend)")
+        self.backend = backend
         self.words_per_doc = words_per_doc
         self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
         self.pass_answers = pass_answers
-        self.prompts = prompts or SimulatorPrompts()
+        self.prompts = (
+            load_prompts(prompts) if isinstance(prompts, str | Path) else prompts or SimulatorPrompts()
+        )
         self.seed = seed
-        self.generator = HFGenerator(model, tokenizer, temperature=temperature, top_p=top_p)
+        self.on_short = on_short
         self.stats: Counter[str] = Counter()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: str = "auto", **kwargs) -> LLMSimulator:
-        from zerosim.models import load_causal_lm, load_tokenizer
+    def from_pretrained(cls, name_or_path: str, dtype: str = "auto", **kwargs: Any) -> LLMSimulator:
+        """An in-process simulator on a local checkpoint, HF id or ``smollm2``."""
+        return cls(TransformersBackend.from_pretrained(name_or_path, dtype), **kwargs)
 
-        return cls(load_causal_lm(name_or_path, dtype), load_tokenizer(name_or_path), **kwargs)
+    @classmethod
+    def from_openai(
+        cls,
+        base_url: str,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_concurrency: int = 1,
+        check_health: bool = True,
+        **kwargs: Any,
+    ) -> LLMSimulator:
+        """A simulator whose model runs behind an OpenAI-compatible server (see :class:`OpenAIBackend`).
+
+        ``tokenizer`` (object, or name/path) supplies the chat template the prompts are wrapped in; the
+        other keyword arguments go to :class:`LLMSimulator`.
+        """
+        backend = OpenAIBackend(
+            base_url,
+            model,
+            tokenizer=tokenizer,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries=retries,
+            backoff=backoff,
+            max_concurrency=max_concurrency,
+            check_health=check_health,
+        )
+        return cls(backend, **kwargs)
+
+    @property
+    def generator(self):
+        """The in-process generator (``TransformersBackend`` only)."""
+        try:
+            return self.backend.generator
+        except AttributeError:
+            raise AttributeError(f"{type(self.backend).__name__} runs no in-process generator") from None
+
+    def cache_key_extra(self) -> dict[str, Any]:
+        """Everything besides the request that changes this simulator's output (for ``CachedSearchEngine``)."""
+        describe = getattr(self.backend, "describe", None)
+        backend = describe() if callable(describe) else {"backend": type(self.backend).__name__}
+        templates = json.dumps(dataclasses.asdict(self.prompts), sort_keys=True)
+        return {
+            **backend,
+            "templates": hashlib.sha256(templates.encode("utf-8")).hexdigest()[:16],
+            "seed": self.seed,
+            "words_per_doc": self.words_per_doc,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "pass_answers": self.pass_answers,
+            "on_short": self.on_short,
+        }
+
+    def close(self) -> None:
+        """Release the backend's connections (HTTP); a no-op in process."""
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+
+    @staticmethod
+    def is_cacheable(docs: Sequence[Document]) -> bool:
+        """A result holding a failure document is not worth keeping: a new try may do better."""
+        return not any(d.text in FAILURE_TEXTS for d in docs)
+
+    # -- prompts ------------------------------------------------------------------------------------
+
+    def _prompt(self, req: SearchRequest, noisy: bool, n: int) -> str:
+        return self.prompts.render(
+            query=req.query,
+            k=n,
+            words=self.words_per_doc,
+            noisy=noisy,
+            question=req.question if self.pass_answers else None,
+            answers=req.answers if self.pass_answers else (),
+        )
 
     def _jobs(self, requests: Sequence[SearchRequest], k: int) -> list[_Job]:
+        """One prompt per (request, mode) present in the request's noise pattern."""
         jobs = []
         for i, req in enumerate(requests):
             pattern = req.noise_for(k)
             for noisy in (False, True):
                 slots = tuple(s for s, flag in enumerate(pattern) if flag == noisy)
-                if not slots:
-                    continue
-                prompt = self.prompts.render(
-                    query=req.query,
-                    k=len(slots),
-                    words=self.words_per_doc,
-                    noisy=noisy,
-                    question=req.question if self.pass_answers else None,
-                    answers=req.answers if self.pass_answers else (),
-                )
-                jobs.append(_Job(i, noisy, slots, prompt))
+                if slots:
+                    jobs.append(_Job(i, noisy, slots, self._prompt(req, noisy, len(slots))))
         return jobs
 
-    def _encode(self, prompt: str) -> list[int]:
-        messages = [{"role": "user", "content": prompt}]
-        return list(
-            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    def _complete(self, jobs: Sequence[_Job], salt: str) -> list[str]:
+        prompts = [j.prompt for j in jobs]
+        # Same prompts + same seed -> same documents; the re-ask draws from its own stream.
+        digest = hashlib.sha256(repr((self.seed, salt, prompts)).encode("utf-8")).digest()
+        texts = self.backend.complete(
+            prompts,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=int.from_bytes(digest[:8], "little") >> 1,  # 63 bits: fits every server's int64 seed
         )
+        if len(texts) != len(prompts):
+            raise SearchError(
+                f"{type(self.backend).__name__} returned {len(texts)} texts for {len(prompts)} prompts"
+            )
+        return texts
+
+    # -- search -------------------------------------------------------------------------------------
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
+        if k < 1:
+            raise ValueError(f"k={k} must be at least 1")
         if not requests:
             return []
+        found: list[dict[int, str]] = [{} for _ in requests]
         jobs = self._jobs(requests, k)
-        encoded = [self._encode(job.prompt) for job in jobs]
-        # Same inputs + same seed -> same documents, without disturbing the caller's RNG stream.
-        digest = hashlib.sha256(repr((self.seed, [j.prompt for j in jobs])).encode()).digest()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int.from_bytes(digest[:8], "little"))
-            outputs = self.generator.generate(encoded, self.max_new_tokens)
+        short = self._collect(jobs, self._complete(jobs, salt=""), found)
+        self.stats["documents_requested"] += sum(len(j.slots) for j in jobs)
+        if short and self.on_short == "reask":
+            retry = [
+                dataclasses.replace(j, prompt=self._prompt(requests[j.request_index], j.noisy, len(j.slots)))
+                for j in short
+            ]
+            self.stats["reasks"] += 1
+            self.stats["documents_reasked"] += sum(len(j.slots) for j in retry)
+            before = sum(map(len, found))
+            self._collect(retry, self._complete(retry, salt="reask"), found)
+            self.stats["documents_recovered"] += sum(map(len, found)) - before
 
-        results: list[list[Document | None]] = [[None] * k for _ in requests]
-        for job, out in zip(jobs, outputs, strict=True):
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            texts = split_documents(text, len(job.slots))
-            self.stats["documents_requested"] += len(job.slots)
-            self.stats["documents_parsed"] += len(texts)
-            for slot, doc_text in zip(job.slots, texts, strict=False):
-                query = requests[job.request_index].query
-                results[job.request_index][slot] = Document(
-                    id=f"sim-{job.request_index}-{slot}", title=query, text=doc_text, noisy=job.noisy
-                )
-        final: list[list[Document]] = []
-        for i, docs in enumerate(results):
-            kept = [d for d in docs if d is not None]
-            if not kept:
-                # Nothing parseable came back: say so explicitly instead of an empty observation.
-                self.stats["empty_results"] += 1
-                noisy = bool(requests[i].noise_for(k)[0])
-                kept = [
-                    Document(
-                        id=f"sim-{i}-empty", title=requests[i].query, text=EMPTY_RESULT_TEXT, noisy=noisy
-                    )
-                ]
-            final.append(kept)
+        results = [self._assemble(i, req, k, found[i]) for i, req in enumerate(requests)]
         self.stats["requests"] += len(requests)
-        return final
+        return results
+
+    def _collect(self, jobs: Sequence[_Job], texts: Sequence[str], found: list[dict[int, str]]) -> list[_Job]:
+        """Put each job's parsed documents into its slots; return jobs narrowed to the slots still missing."""
+        short = []
+        for job, text in zip(jobs, texts, strict=True):
+            parsed = split_documents(text, len(job.slots))
+            self.stats["documents_parsed"] += len(parsed)
+            for slot, doc_text in zip(job.slots, parsed, strict=False):
+                found[job.request_index][slot] = doc_text
+            missing = job.slots[len(parsed) :]
+            if missing:
+                short.append(dataclasses.replace(job, slots=missing))
+        return short
+
+    def _assemble(self, i: int, req: SearchRequest, k: int, texts: dict[int, str]) -> list[Document]:
+        pattern = req.noise_for(k)
+        missing = k - len(texts)
+        self.stats["documents_filled"] += missing
+        if not texts:
+            # Nothing parseable came back: say so once, explicitly, instead of an empty observation.
+            self.stats["empty_results"] += 1
+            return [Document(id=f"sim-{i}-empty", title=req.query, text=EMPTY_RESULT_TEXT, noisy=pattern[0])]
+        return [
+            Document(
+                id=f"sim-{i}-{slot}",
+                title=req.query,
+                text=texts.get(slot, MISSING_DOC_TEXT),
+                noisy=pattern[slot],
+            )
+            for slot in range(k)
+        ]
+
+
+# -- template files -------------------------------------------------------------------------------------
+
+_BODY_FIELDS = {"query": "q", "k": 3, "words": 30, "context": ""}
+_CONTEXT_FIELDS = {"question": "q", "answers": "a"}
+
+
+def load_prompts(path: str | Path) -> SimulatorPrompts:
+    """Simulator templates from a YAML (``.yaml``/``.yml``) or JSON file.
+
+    The file is a mapping with any of the keys ``useful``, ``noisy`` (``str.format`` templates with the
+    fields ``{query}``, ``{k}``, ``{words}``, ``{context}``) and ``useful_context``, ``noisy_context``
+    (fields ``{question}``, ``{answers}``); keys left out keep the built-in wording. Unknown keys, non-string
+    values and templates naming unknown fields raise :class:`ValueError` naming the file and the fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"simulator template file {path} does not exist")
+    raw = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(raw)
+        else:
+            import yaml
+
+            data = yaml.safe_load(raw)
+    except Exception as exc:  # json.JSONDecodeError or yaml.YAMLError (no common base)
+        raise ValueError(f"simulator template file {path} cannot be parsed: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"simulator template file {path} must hold a mapping of template names to strings")
+    valid = [f.name for f in dataclasses.fields(SimulatorPrompts)]
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"simulator template file {path}: unknown keys {unknown}; valid keys: {', '.join(valid)}"
+        )
+    for key, template in data.items():
+        if not isinstance(template, str):
+            raise ValueError(
+                f"simulator template file {path}: {key} must be a string, not {type(template).__name__}"
+            )
+        fields = _CONTEXT_FIELDS if key.endswith("_context") else _BODY_FIELDS
+        try:
+            template.format(**fields)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"simulator template file {path}: {key} is not a valid template ({type(exc).__name__}: {exc}); "
+                f"it may use the fields {', '.join('{' + f + '}' for f in fields)} and must double literal braces"
+            ) from exc
+        if key in ("useful", "noisy") and "{query}" not in template:
+            raise ValueError(
+                f"simulator template file {path}: {key} never uses {{query}}; the simulator must see it"
+            )
+    return SimulatorPrompts(**data)

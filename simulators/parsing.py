@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-_DOC_MARKER = re.compile(r"(?:^|\n)\s*[*#]*\s*(?:Doc(?:ument)?|Result)\s*\d+\s*[*]*\s*[:.)\-]", re.IGNORECASE)
+_DOC_MARKER = re.compile(
+    r"(?:^|\n)\s*[*#]*\s*(?:Doc(?:ument)?|Result)\s*\d+\s*[*]*\s*[:.)\-][ \t]*(?:\*\*?(?![*\w]))?",
+    re.IGNORECASE,
+)
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 
 

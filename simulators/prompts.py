@@ -37,6 +37,13 @@ class SimulatorPrompts:
     useful_context: str = USEFUL_CONTEXT
     noisy_context: str = NOISY_CONTEXT
 
+    @classmethod
+    def from_file(cls, path) -> SimulatorPrompts:
+        """Templates from a YAML/JSON file (any of useful, noisy, useful_context, noisy_context)."""
+        from simulators.llm import load_prompts
+
+        return load_prompts(path)
+
     def render(
         self, *, query: str, k: int, words: int, noisy: bool, question: str | None, answers: Sequence[str]
     ) -> str:

@@ -67,7 +67,9 @@ def test_table_average_row_and_markdown():
     def res(name, ems):
         r = DatasetResult(name)
         for i, em in enumerate(ems):
-            r.rows.append(RowResult(str(i), "q", ["lima"], "lima" if em else "cusco", True, True, 1, 1, 1.0).score())
+            r.rows.append(
+                RowResult(str(i), "q", ["lima"], "lima" if em else "cusco", True, True, 1, 1, 1.0).score()
+            )
         return r
 
     rows = table([res("A", [1, 1, 0, 0]), res("B", [1])])

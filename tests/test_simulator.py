@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulators import LLMSimulator, SimulatorPrompts, split_documents
 from simulators.llm import EMPTY_RESULT_TEXT
@@ -63,3 +65,169 @@ def test_unparseable_output_becomes_explicit_failure_document(tiny_sim, monkeypa
     (docs,) = tiny_sim.search([SearchRequest("q", noise=(True, True))], 2)
     assert [d.text for d in docs] == [EMPTY_RESULT_TEXT] and docs[0].noisy is True
     assert tiny_sim.stats["empty_results"] == before + 1
+
+
+# -- split_documents: properties --------------------------------------------------------------------------
+
+# one document's text: no line breaks (a document is one line), not blank, and not opening with markdown
+# emphasis (which a parser may rightly read as part of a "**Doc 1:**" marker)
+_line = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=60).filter(
+    lambda t: t.strip() and not t.lstrip().startswith("*")
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400), st.integers(min_value=0, max_value=8))
+def test_split_documents_never_crashes_and_respects_k(text, k):
+    docs = split_documents(text, k)
+    assert len(docs) <= k
+    assert all(d and d == d.strip() and "\n" not in d for d in docs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_line, min_size=1, max_size=6), st.integers(min_value=1, max_value=8))
+def test_split_documents_round_trips_doc_markers(texts, k):
+    rendered = "\n".join(f"Doc {i}: {t}" for i, t in enumerate(texts, start=1))
+    assert split_documents(rendered, k) == [" ".join(t.split()) for t in texts][:k]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(_line, min_size=1, max_size=6),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Nd")), max_size=40),
+)
+def test_split_documents_drops_a_preamble_before_the_markers(texts, preamble):
+    rendered = preamble + "\n" + "\n".join(f"Doc {i}: {t}" for i, t in enumerate(texts, start=1))
+    assert split_documents(rendered, len(texts)) == [" ".join(t.split()) for t in texts]
+
+
+# -- short output: re-ask or fill (a scripted backend) ----------------------------------------------------
+
+
+class ScriptedBackend:
+    """Answers each call with the next list of texts (padded with empty texts); records the prompts."""
+
+    def __init__(self, *answers: list[str]):
+        self.answers = list(answers)
+        self.calls: list[list[str]] = []
+
+    def complete(self, prompts, *, max_new_tokens, temperature, top_p, seed):
+        self.calls.append(list(prompts))
+        texts = self.answers.pop(0) if self.answers else []
+        return [*texts, *[""] * (len(prompts) - len(texts))][: len(prompts)]
+
+    def describe(self):
+        return {"backend": "scripted", "model": "none"}
+
+
+def test_reask_asks_once_for_the_missing_slots_only():
+    from simulators.llm import MISSING_DOC_TEXT
+
+    backend = ScriptedBackend(
+        ["Doc 1: useful one", "Doc 1: noisy one\nDoc 2: noisy two", "nothing useful here"],
+        ["Doc 1: useful two", ""],
+    )
+    sim = LLMSimulator(backend, on_short="reask")
+    reqs = [SearchRequest("q1", "Q1?", ("a",), (False, True, False, True)), SearchRequest("q2")]
+    mixed, plain = sim.search(reqs, 4)
+    assert len(backend.calls) == 2  # one call, one re-ask
+    reask = backend.calls[1]
+    assert len(reask) == 2 and "write 1 short" in reask[0] and "write 3 short" in reask[1]
+    assert [d.text for d in mixed] == ["useful one", "noisy one", "useful two", "noisy two"]
+    assert [d.noisy for d in mixed] == [False, True, False, True]
+    assert [d.text for d in plain] == ["nothing useful here", *[MISSING_DOC_TEXT] * 3]
+    assert [d.id for d in plain] == ["sim-1-0", "sim-1-1", "sim-1-2", "sim-1-3"]
+    assert sim.stats["reasks"] == 1 and sim.stats["documents_reasked"] == 4
+    assert sim.stats["documents_recovered"] == 1 and sim.stats["documents_filled"] == 3
+    assert sim.stats["documents_requested"] == 8 and sim.stats["documents_parsed"] == 5
+
+
+def test_fill_mode_fills_missing_slots_with_failure_documents_and_counts_them():
+    from simulators.llm import EMPTY_RESULT_TEXT, MISSING_DOC_TEXT
+
+    backend = ScriptedBackend(["Doc 1: only one", "Doc 1: noisy"], [""])
+    sim = LLMSimulator(backend, on_short="fill")
+    reqs = [SearchRequest("q1", noise=(False, False, True)), SearchRequest("q2", noise=(True, False, False))]
+    with_gap, nothing = sim.search(reqs, 3)
+    assert len(backend.calls) == 1  # no re-ask
+    assert [d.text for d in with_gap] == ["only one", MISSING_DOC_TEXT, "noisy"]
+    assert [d.noisy for d in with_gap] == [False, False, True]
+    assert [d.text for d in nothing] == [EMPTY_RESULT_TEXT] and nothing[0].noisy is True
+    (empty,) = sim.search([SearchRequest("q3", noise=(True, True))], 2)
+    assert [d.text for d in empty] == [EMPTY_RESULT_TEXT] and empty[0].noisy is True
+    assert sim.stats["documents_filled"] == 1 + 3 + 2 and sim.stats["empty_results"] == 2
+    assert not LLMSimulator.is_cacheable(with_gap) and LLMSimulator.is_cacheable(with_gap[:1])
+
+
+def test_reask_that_still_fails_fills_and_never_returns_empty():
+    from simulators.llm import EMPTY_RESULT_TEXT
+
+    sim = LLMSimulator(ScriptedBackend(["", "   "], ["\n\n", ""]), on_short="reask")
+    results = sim.search([SearchRequest("q1", noise=(False, True)), SearchRequest("q2")], 2)
+    assert [[d.text for d in docs] for docs in results] == [[EMPTY_RESULT_TEXT], [EMPTY_RESULT_TEXT]]
+    assert sim.stats["reasks"] == 1 and sim.stats["empty_results"] == 2 and sim.stats["documents_filled"] == 4
+
+
+def test_bad_backend_answers_and_settings_are_errors():
+    from zerosim.search import SearchError
+
+    class Short(ScriptedBackend):
+        def complete(self, prompts, **kw):
+            return []
+
+    with pytest.raises(SearchError, match="returned 0 texts for 1 prompts"):
+        LLMSimulator(Short()).search([SearchRequest("q")], 1)
+    with pytest.raises(ValueError, match="on_short='retry'"):
+        LLMSimulator(ScriptedBackend(), on_short="retry")
+    assert LLMSimulator(ScriptedBackend()).search([], 3) == []
+
+
+def test_cache_key_extra_names_what_changes_the_output():
+    base = LLMSimulator(ScriptedBackend(), seed=1).cache_key_extra()
+    assert base["backend"] == "scripted" and base["seed"] == 1
+    assert LLMSimulator(ScriptedBackend(), seed=2).cache_key_extra() != base
+    other = SimulatorPrompts(useful="Results for {query}: {k} x {words}{context}")
+    assert (
+        LLMSimulator(ScriptedBackend(), seed=1, prompts=other).cache_key_extra()["templates"]
+        != base["templates"]
+    )
+
+
+# -- template files ----------------------------------------------------------------------------------------
+
+
+def test_templates_from_yaml_and_json_files(tmp_path):
+    import json
+
+    from simulators import load_prompts
+
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("useful: 'Search results for {query} ({k} of them, {words} words){context}'\n")
+    prompts = load_prompts(yaml_file)
+    assert prompts.useful.startswith("Search results for") and prompts.noisy == SimulatorPrompts().noisy
+    json_file = tmp_path / "t.json"
+    json_file.write_text(json.dumps({"noisy_context": " Avoid {answers}."}))
+    assert load_prompts(json_file).noisy_context == " Avoid {answers}."
+    backend = ScriptedBackend()
+    LLMSimulator(backend, prompts=str(yaml_file)).search([SearchRequest("tea")], 1)
+    assert backend.calls[0][0].startswith("Search results for tea (1 of them, 30 words)")
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ("usefull: 'x {query}'\n", r"unknown keys \['usefull'\]; valid keys: useful, noisy"),
+        ("useful: 3\n", "useful must be a string"),
+        ("useful: 'x {query} {colour}'\n", "useful is not a valid template"),
+        ("noisy: 'no query here'\n", "noisy never uses {query}"),
+        ("- a\n- b\n", "must hold a mapping"),
+        ("useful: [unclosed\n", "cannot be parsed"),
+    ],
+)
+def test_bad_template_files_are_clear_errors(tmp_path, content, error):
+    from simulators import load_prompts
+
+    path = tmp_path / "t.yaml"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=error):
+        load_prompts(path)

@@ -24,6 +24,8 @@ app.add_typer(data_app, name="data")
 app.add_typer(policy_app, name="policy")
 app.add_typer(serve_app, name="serve")
 app.add_typer(index_app, name="index")
+simulator_app = typer.Typer(help="The LLM search simulator.", no_args_is_help=True)
+app.add_typer(simulator_app, name="simulator")
 
 console = Console(stderr=True)
 
@@ -165,6 +167,31 @@ def index_build(
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     typer.echo(str(path))
+
+
+@simulator_app.command("serve")
+def simulator_serve(
+    model: str = typer.Option(
+        "smollm2", "--model", help="Simulator checkpoint: local path, HF id, or smollm2."
+    ),
+    lora: list[str] = typer.Option(None, "--lora", help="LoRA adapter as name=path (repeatable)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
+    port: int = typer.Option(8001, "--port", help="TCP port."),
+    served_model_name: str = typer.Option(
+        None, "--served-model-name", help="Name clients ask for (default: --model)."
+    ),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 (in-process server only)."),
+) -> None:
+    """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
+    from simulators.openai_server import start_simulator_server
+
+    try:
+        code = start_simulator_server(
+            model, lora or [], host, port, served_model_name=served_model_name, dtype=dtype
+        )
+    except (ValueError, FileNotFoundError) as exc:  # ModelError is a ValueError
+        _fail(str(exc))
+    raise typer.Exit(code=code)
 
 
 @models_app.command("prepare")

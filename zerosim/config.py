@@ -51,6 +51,30 @@ class SimulatorConfig:
     temperature: float = 0.7  # simulator sampling temperature (0 = greedy)
     top_p: float = 0.95  # simulator nucleus sampling
     pass_answers: bool = True  # show the question and gold answers to the simulator (training-time mode)
+    on_short: str = (
+        "reask"  # fewer documents than slots: reask (once, then fill) / fill (explicit failure documents)
+    )
+    prompts_file: str | None = (
+        None  # YAML/JSON replacing any of the templates useful, noisy, useful_context, noisy_context
+    )
+    backend: str = "transformers"  # transformers (in-process) / openai (OpenAI-compatible server: vllm serve, zerosim simulator serve)
+    url: str = "http://127.0.0.1:8001"  # backend=openai: the server's base URL
+    served_model: str | None = (
+        None  # backend=openai: model name asked of the server (a LoRA adapter name allowed); None = model
+    )
+    chat_template: bool = (
+        True  # backend=openai: wrap prompts in the chat template of model's tokenizer (False = send raw)
+    )
+    connect_timeout: float = 2.0  # backend=openai: seconds to connect before a retry
+    read_timeout: float = 120.0  # backend=openai: seconds to wait for an answer before a retry
+    retries: int = 3  # backend=openai: attempts per request before the search fails naming the URL
+    backoff: float = 0.5  # backend=openai: seconds before the 2nd attempt, doubled after each
+    max_concurrency: int = (
+        1  # backend=openai: most concurrent requests per search call (1 = one request carries all)
+    )
+    cache: bool = False  # cache results (in-memory LRU; plus sqlite when cache_path is set)
+    cache_size: int = 10000  # results kept in memory by the cache
+    cache_path: str | None = None  # sqlite file shared across runs; None = memory only
 
 
 @dataclass
@@ -66,7 +90,9 @@ class DenseConfig:
     index_dir: str | None = None  # load a built index from here (zerosim index build); None = build in memory
     faiss_type: str = "flat"  # flat | hnsw | ivfpq
     query_prefix: str | None = None  # prepended to queries (e5: "query: "); None = what the encoder expects
-    passage_prefix: str | None = None  # prepended to passages (e5: "passage: "); None = what the encoder expects
+    passage_prefix: str | None = (
+        None  # prepended to passages (e5: "passage: "); None = what the encoder expects
+    )
 
 
 @dataclass
@@ -208,6 +234,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
     "search.engine": ("simulator", "bm25", "dense", "hybrid", "http"),
     "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
+    "search.simulator.backend": ("transformers", "openai"),
+    "search.simulator.on_short": ("reask", "fill"),
     "method": ("agent", "rag", "direct"),
     "curriculum.schedule": ("exponential", "constant"),
     "curriculum.granularity": ("call", "document"),

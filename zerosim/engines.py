@@ -64,19 +64,36 @@ def _dense(cfg: SearchConfig) -> SearchEngine:
 def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto") -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer."""
     if cfg.engine == "simulator":
-        from simulators import LLMSimulator
+        from simulators import CachedSearchEngine, LLMSimulator
 
         sim = cfg.simulator
-        return LLMSimulator.from_pretrained(
-            sim.model,
-            dtype=dtype,
+        options = dict(
             words_per_doc=sim.words_per_doc,
             max_new_tokens=sim.max_new_tokens,
             temperature=sim.temperature,
             top_p=sim.top_p,
             pass_answers=sim.pass_answers,
+            prompts=sim.prompts_file,
+            on_short=sim.on_short,
             seed=seed,
         )
+        if sim.backend == "openai":
+            engine = LLMSimulator.from_openai(
+                sim.url,
+                sim.served_model or sim.model,
+                tokenizer=sim.model if sim.chat_template else None,
+                connect_timeout=sim.connect_timeout,
+                read_timeout=sim.read_timeout,
+                retries=sim.retries,
+                backoff=sim.backoff,
+                max_concurrency=sim.max_concurrency,
+                **options,
+            )
+        else:
+            engine = LLMSimulator.from_pretrained(sim.model, dtype=dtype, **options)
+        if sim.cache:
+            engine = CachedSearchEngine(engine, max_entries=sim.cache_size, sqlite_path=sim.cache_path)
+        return engine
     if cfg.engine == "bm25":
         return real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
     if cfg.engine == "dense":

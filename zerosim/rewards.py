@@ -59,7 +59,9 @@ def make_reward_func(metric: str, format_weight: float = 0.0) -> Callable[..., l
     if not 0.0 <= format_weight < 1.0:
         raise ValueError(f"format_weight must be in [0, 1), got {format_weight}")
 
-    def reward(prompts, completions, final_answer, golden_answers, valid_format=None, **kwargs) -> list[float]:
+    def reward(
+        prompts, completions, final_answer, golden_answers, valid_format=None, **kwargs
+    ) -> list[float]:
         outcomes = [answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)]
         if not format_weight:
             return outcomes
