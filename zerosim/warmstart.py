@@ -117,7 +117,7 @@ def run_warmstart(
         dataloader_num_workers=0,
     )
     target = output_dir / "final"
-    with mlflow_run(tracking, f"warmstart-{output_dir.name}", tags={"zerosim.job": "warmstart"}):
+    with mlflow_run(tracking, f"{output_dir.parent.name}-warmstart", tags={"zerosim.job": "warmstart"}):
         log_config(cfg)
         mlflow.log_params({"warmstart.policy": policy, "warmstart.examples_built": len(rows)})
         trainer = SFTTrainer(
