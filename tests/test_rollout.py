@@ -94,7 +94,8 @@ def test_mask_contract_on_random_trajectories(tokenizer, seed):
             if m == 0:
                 text = tokenizer.decode(t.completion_ids[a:b])
                 is_info = text.strip().startswith("<information>") and "</information>" in text
-                assert is_info or t.completion_ids[a:b] == invalid_ids, text
+                closes_answer = b == len(t.env_mask) and t.completion_ids[a:b] == [tokenizer.eos_token_id]
+                assert is_info or closes_answer or t.completion_ids[a:b] == invalid_ids, text
         # every token of every <information> block is masked
         full = tokenizer.decode(t.completion_ids)
         assert full.count("ZZINFO") == tokenizer.decode(
@@ -120,6 +121,7 @@ def test_search_answer_flow_and_metrics(tokenizer):
     trajs, timing = rollout.run(Fixed(), prompts, step=0)
     (t,) = trajs
     assert t.answer == "Lima" and t.finish == "answer" and t.searches == 1 and t.valid_format
+    assert t.completion_ids[-1] == tokenizer.eos_token_id and t.env_mask[-1] == 0  # turn closed, not trained
     assert engine.calls[0][0].query == "capital of Peru"
     assert engine.calls[0][0].question == "What is the capital of Peru?" and engine.calls[0][0].answers == (
         "Lima",

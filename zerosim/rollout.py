@@ -250,6 +250,14 @@ class SearchRollout:
             cap = cfg.max_completion_tokens
             del traj.completion_ids[cap:], traj.env_mask[cap:], traj.logprobs[cap:]
             traj.finish = traj.finish or "no_answer"
+            if (
+                traj.finish == "answer"
+                and traj.completion_ids[-1] not in self._eos_ids
+                and len(traj.env_mask) < cap
+            ):
+                # Generation stopped at </answer>, before the turn's EOS. Close the turn (masked, never trained)
+                # so the trainer sees a finished sequence rather than a truncated one.
+                traj.add_environment(self._eos_ids[:1])
         return trajectories, timing
 
     def _search(self, searching: list[tuple[Trajectory, str]], step: int, call: int, p_noise: float) -> None:
