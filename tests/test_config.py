@@ -48,3 +48,12 @@ def test_bad_choice_and_ranges():
         load_config("nope.yaml")
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["trainer.max_steps"])
+
+
+def test_every_recipe_in_configs_loads():
+    from pathlib import Path
+
+    recipes = sorted(Path("configs").glob("*.yaml"))
+    assert len(recipes) >= 3
+    for recipe in recipes:
+        load_config(recipe)
