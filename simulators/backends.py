@@ -19,22 +19,20 @@ import hashlib
 import logging
 import math
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import httpx
 import torch
 
 from zerosim.generation import HFGenerator
+from zerosim.httpretry import Retryable, RetryingClient, check_settings
 from zerosim.search import SearchError
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @runtime_checkable
@@ -158,10 +156,6 @@ def _rng_devices() -> list[int]:
 # -- over HTTP ----------------------------------------------------------------------------------------
 
 
-class _Retryable(Exception):
-    """One attempt failed in a way another attempt may fix (the message says how)."""
-
-
 class OpenAIBackend:
     """An OpenAI-compatible completions server (``vllm serve``, ``zerosim simulator serve``).
 
@@ -205,14 +199,7 @@ class OpenAIBackend:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"simulator server url {base_url!r} must look like http://HOST:PORT")
-        if retries < 1:
-            raise ValueError(f"retries={retries} must be at least 1 (it counts attempts in all)")
-        if connect_timeout <= 0 or read_timeout <= 0:
-            raise ValueError(
-                f"timeouts must be positive (connect_timeout={connect_timeout}, read_timeout={read_timeout})"
-            )
-        if backoff < 0 or max_backoff < 0:
-            raise ValueError(f"backoff={backoff} and max_backoff={max_backoff} must not be negative")
+        check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency} must be at least 1")
         if not model:
@@ -236,12 +223,16 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.stats = {"requests": 0, "retries": 0}  # HTTP requests sent (attempts), and retries among them
         self._stats_lock = threading.Lock()  # concurrent requests update the counters
-        # write/pool timeouts follow connect: sending a body or waiting for a free connection is quick
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(
-                connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout
-            ),
+        self._http = RetryingClient(
+            "simulator server",
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            on_retry=lambda: self._count("retries"),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            log=logger,
         )
         self._pool = ThreadPoolExecutor(max_concurrency) if max_concurrency > 1 else None
         self.server_info: Any = None  # what /health (or /v1/models) answered
@@ -271,7 +262,7 @@ class OpenAIBackend:
         settings = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
 
         def send(chunk: list[str]) -> list[str]:
-            return self._with_retries(self.completions_url, lambda: self._complete_once(chunk, settings))
+            return self._http.with_retries(self.completions_url, lambda: self._complete_once(chunk, settings))
 
         if self._pool is None or len(chunks) == 1:
             answers = [send(chunk) for chunk in chunks]
@@ -283,21 +274,21 @@ class OpenAIBackend:
         """``GET /health`` (vLLM, our server); a server without it (404) is asked ``GET /v1/models``."""
 
         def attempt() -> Any:
-            response = self._send("GET", f"{self.base_url}/health")
+            response = self._http.send("GET", f"{self.base_url}/health")
             if response.status_code == 404:
-                response = self._send("GET", f"{self.base_url}/v1/models")
-                self._raise_for_status(response, f"{self.base_url}/v1/models")
-                return self._json(response)
-            self._raise_for_status(response, f"{self.base_url}/health")
+                response = self._http.send("GET", f"{self.base_url}/v1/models")
+                self._http.raise_for_status(response, f"{self.base_url}/v1/models")
+                return self._http.json(response)
+            self._http.raise_for_status(response, f"{self.base_url}/health")
             try:
                 return response.json()
             except ValueError:
                 return response.text  # vLLM's /health answers 200 with an empty body
 
-        return self._with_retries(f"{self.base_url}/health", attempt)
+        return self._http.with_retries(f"{self.base_url}/health", attempt)
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
@@ -322,57 +313,9 @@ class OpenAIBackend:
     def _complete_once(self, prompts: list[str], settings: dict[str, Any]) -> list[str]:
         payload = {"model": self.model, "prompt": prompts, "n": 1, **settings}
         self._count("requests")
-        response = self._send("POST", self.completions_url, json=payload)
-        self._raise_for_status(response, self.completions_url)
-        return parse_choices(self._json(response), len(prompts))
-
-    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._client.request(method, url, **kwargs)
-        except httpx.ConnectTimeout as exc:
-            raise _Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s") from exc
-        except httpx.ReadTimeout as exc:
-            raise _Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)") from exc
-        except httpx.TimeoutException as exc:
-            raise _Retryable(f"timed out ({type(exc).__name__})") from exc
-        except httpx.ConnectError as exc:
-            raise _Retryable(f"cannot connect ({_reason(exc)})") from exc
-        except httpx.TransportError as exc:  # connection reset, protocol error, ...
-            raise _Retryable(f"{type(exc).__name__}: {_reason(exc)}") from exc
-
-    @staticmethod
-    def _raise_for_status(response: httpx.Response, url: str) -> None:
-        status = response.status_code
-        if status < 300:
-            return
-        message = _error_message(response)
-        if 400 <= status < 500:
-            raise SearchError(
-                f"simulator server {url} rejected the request (HTTP {status}, not retried): {message}"
-            )
-        raise _Retryable(f"HTTP {status}: {message}")
-
-    @staticmethod
-    def _json(response: httpx.Response) -> Any:
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise _Retryable(f"invalid JSON answer ({exc}): {response.text[:200]!r}") from exc
-
-    def _with_retries(self, url: str, attempt: Callable[[], T]) -> T:
-        """Run ``attempt`` up to ``self.retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
-        problem = ""
-        for i in range(self.retries):
-            if i:
-                self._count("retries")
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (i - 1)))
-            try:
-                return attempt()
-            except _Retryable as exc:
-                problem = str(exc)
-                logger.warning("simulator server %s, attempt %d/%d: %s", url, i + 1, self.retries, problem)
-        plural = "attempt" if self.retries == 1 else "attempts"
-        raise SearchError(f"simulator server {url} did not answer after {self.retries} {plural}: {problem}")
+        response = self._http.send("POST", self.completions_url, json=payload)
+        self._http.raise_for_status(response, self.completions_url)
+        return parse_choices(self._http.json(response), len(prompts))
 
 
 # -- parsing an answer (pure functions) -----------------------------------------------------------------
@@ -384,45 +327,22 @@ def parse_choices(data: Any, n_prompts: int) -> list[str]:
     Anything but exactly one text choice per prompt raises a retryable error.
     """
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        raise _Retryable(f"malformed answer: no 'choices' list in {str(data)[:200]!r}")
+        raise Retryable(f"malformed answer: no 'choices' list in {str(data)[:200]!r}")
     choices = data["choices"]
     if len(choices) != n_prompts:
-        raise _Retryable(f"malformed answer: {len(choices)} choices for {n_prompts} prompts")
+        raise Retryable(f"malformed answer: {len(choices)} choices for {n_prompts} prompts")
     texts: list[str | None] = [None] * n_prompts
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
-            raise _Retryable(f"malformed answer: choice {position} is {type(choice).__name__}, not an object")
+            raise Retryable(f"malformed answer: choice {position} is {type(choice).__name__}, not an object")
         index, text = choice.get("index", position), choice.get("text")
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n_prompts:
-            raise _Retryable(
+            raise Retryable(
                 f"malformed answer: choice {position} has index {index!r} for {n_prompts} prompts"
             )
         if texts[index] is not None:
-            raise _Retryable(f"malformed answer: two choices with index {index}")
+            raise Retryable(f"malformed answer: two choices with index {index}")
         if not isinstance(text, str):
-            raise _Retryable(f"malformed answer: choice {index} has no 'text' string")
+            raise Retryable(f"malformed answer: choice {index} has no 'text' string")
         texts[index] = text
     return [t for t in texts if t is not None]
-
-
-def _error_message(response: httpx.Response) -> str:
-    """OpenAI-style ``{"error": {"message": ...}}``, FastAPI ``detail``, else the start of the body."""
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:500]
-        for key in ("error", "detail", "message"):
-            if data.get(key):
-                return str(data[key])[:500]
-    return str(data)[:200]
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    if "Connection refused" in text or "Errno 111" in text:
-        return "connection refused"
-    return text or type(exc).__name__

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import fastapi
-import httpx
 import uvicorn
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from simulators.backends import TransformersBackend
+from zerosim.server import running_app  # re-exported: serves any app (tests, benchmarks)
 
 logger = logging.getLogger(__name__)
 
@@ -323,57 +323,6 @@ def start_simulator_server(
         raise ValueError(f"extra_args {list(extra_args)} are vllm serve flags; vLLM is not used here")
     serve_openai(path, host, port, served_model_name=name, lora=adapters, dtype=dtype)
     return 0
-
-
-@contextlib.contextmanager
-def running_app(
-    app: fastapi.FastAPI,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    health_path: str = "/health",
-    log_level: str = "warning",
-    startup_timeout: float = 10.0,
-) -> Iterator[str]:
-    """Serve ``app`` from a background thread for the ``with`` block; yields the base URL.
-
-    ``port=0`` picks a free port. Waits until ``health_path`` answers; stops the server on exit. For tests
-    and benchmarks (the approach of :func:`zerosim.server.running_server`, for any app).
-    """
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    crashed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            server.run()
-        except BaseException as exc:  # uvicorn exits with SystemExit when it cannot bind
-            crashed.append(exc)
-
-    thread = threading.Thread(target=run, name=f"zerosim-openai-{port}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while not server.started:
-            if not thread.is_alive():
-                reason = f": {crashed[0]!r}" if crashed else ""
-                raise RuntimeError(f"server on {host}:{port} failed to start{reason}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server on {host}:{port} did not start within {startup_timeout}s")
-            time.sleep(0.01)
-        bound_port = server.servers[0].sockets[0].getsockname()[1]
-        url_host = f"[{host}]" if ":" in host else host
-        base_url = f"http://{url_host}:{bound_port}"
-        response = httpx.get(f"{base_url}{health_path}", timeout=max(deadline - time.monotonic(), 0.5))
-        response.raise_for_status()
-        yield base_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        if thread.is_alive():
-            logger.warning("server thread did not stop within 10 s")
 
 
 @contextlib.contextmanager

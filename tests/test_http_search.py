@@ -328,7 +328,7 @@ def test_slow_server_times_out_after_retries():
 
 def test_backoff_doubles_and_is_capped(monkeypatch):
     sleeps: list[float] = []
-    monkeypatch.setattr("zerosim.http_search.time.sleep", sleeps.append)
+    monkeypatch.setattr("zerosim.httpretry.time.sleep", sleeps.append)
     client = HTTPSearchEngine(dead_url(), retries=6, backoff=0.5, max_backoff=3.0, check_health=False)
     with client, pytest.raises(SearchError, match="after 6 attempts"):
         client.search([SearchRequest("q")], 1)

@@ -11,24 +11,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
-from zerosim.search import Document, SearchError, SearchRequest
+from zerosim.httpretry import Retryable, RetryingClient, check_settings
+from zerosim.search import Document, SearchRequest
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class _Retryable(Exception):
-    """One attempt failed in a way another attempt may fix (the message says how)."""
 
 
 class HTTPSearchEngine:
@@ -63,14 +55,7 @@ class HTTPSearchEngine:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"search server url {url!r} must look like http://HOST:PORT[/retrieve]")
-        if retries < 1:
-            raise ValueError(f"retries={retries} must be at least 1 (it counts attempts in all)")
-        if connect_timeout <= 0 or read_timeout <= 0:
-            raise ValueError(
-                f"timeouts must be positive (connect_timeout={connect_timeout}, read_timeout={read_timeout})"
-            )
-        if backoff < 0 or max_backoff < 0:
-            raise ValueError(f"backoff={backoff} and max_backoff={max_backoff} must not be negative")
+        check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
         base = url.rstrip("/")
         if base.endswith("/retrieve"):
             base = base[: -len("/retrieve")]
@@ -83,11 +68,14 @@ class HTTPSearchEngine:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.send_training_fields = send_training_fields
-        # write/pool timeouts follow connect: sending a request body or waiting for a free connection is quick
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(
-                connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout
-            )
+        self._http = RetryingClient(
+            "search server",
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            log=logger,
         )
         self.server_info: dict[str, Any] | None = None  # the /health answer, when the server has one
         if check_health:
@@ -106,10 +94,12 @@ class HTTPSearchEngine:
         if not requests:
             return []
         payload = self._payload(requests, k)
-        return self._with_retries(self.retrieve_url, lambda: self._retrieve_once(payload, len(requests), k))
+        return self._http.with_retries(
+            self.retrieve_url, lambda: self._retrieve_once(payload, len(requests), k)
+        )
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     def __enter__(self) -> HTTPSearchEngine:
         return self
@@ -135,14 +125,14 @@ class HTTPSearchEngine:
         return payload
 
     def _retrieve_once(self, payload: dict[str, Any], n_queries: int, k: int) -> list[list[Document]]:
-        response = self._send("POST", self.retrieve_url, json=payload)
-        self._raise_for_status(response, self.retrieve_url)
-        data = self._json(response)
+        response = self._http.send("POST", self.retrieve_url, json=payload)
+        self._http.raise_for_status(response, self.retrieve_url)
+        data = self._http.json(response)
         return _parse_result(data, n_queries, k)
 
     def _check_health(self) -> dict[str, Any] | None:
         def attempt() -> dict[str, Any] | None:
-            response = self._send("GET", self.health_url)
+            response = self._http.send("GET", self.health_url)
             if response.status_code == 404:
                 warnings.warn(
                     f"search server {self.base_url} has no /health (a plain Search-R1 server?); "
@@ -150,85 +140,37 @@ class HTTPSearchEngine:
                     stacklevel=5,  # the caller of HTTPSearchEngine(...)
                 )
                 return None
-            self._raise_for_status(response, self.health_url)
-            data = self._json(response)
+            self._http.raise_for_status(response, self.health_url)
+            data = self._http.json(response)
             if not isinstance(data, dict) or data.get("status") != "ok":
-                raise _Retryable(f"/health answered {str(data)[:200]!r}, not status ok")
+                raise Retryable(f"/health answered {str(data)[:200]!r}, not status ok")
             return data
 
-        return self._with_retries(self.health_url, attempt)
-
-    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._client.request(method, url, **kwargs)
-        except httpx.ConnectTimeout as exc:
-            raise _Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s") from exc
-        except httpx.ReadTimeout as exc:
-            raise _Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)") from exc
-        except httpx.TimeoutException as exc:
-            raise _Retryable(f"timed out ({type(exc).__name__})") from exc
-        except httpx.ConnectError as exc:
-            raise _Retryable(f"cannot connect ({_reason(exc)})") from exc
-        except httpx.TransportError as exc:  # connection reset, protocol error, ...
-            raise _Retryable(f"{type(exc).__name__}: {_reason(exc)}") from exc
-
-    def _raise_for_status(self, response: httpx.Response, url: str) -> None:
-        status = response.status_code
-        if status < 300:
-            return
-        message = _error_message(response)
-        if 400 <= status < 500:
-            raise SearchError(
-                f"search server {url} rejected the request (HTTP {status}, not retried): {message}"
-            )
-        raise _Retryable(f"HTTP {status}: {message}")
-
-    @staticmethod
-    def _json(response: httpx.Response) -> Any:
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise _Retryable(f"invalid JSON answer ({exc}): {response.text[:200]!r}") from exc
-
-    # -- retries --------------------------------------------------------------------------------------
-
-    def _with_retries(self, url: str, attempt: Callable[[], T]) -> T:
-        """Run ``attempt`` up to ``self.retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
-        problem = ""
-        for i in range(self.retries):
-            if i:
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (i - 1)))
-            try:
-                return attempt()
-            except _Retryable as exc:
-                problem = str(exc)
-                logger.warning("search server %s, attempt %d/%d: %s", url, i + 1, self.retries, problem)
-        plural = "attempt" if self.retries == 1 else "attempts"
-        raise SearchError(f"search server {url} did not answer after {self.retries} {plural}: {problem}")
+        return self._http.with_retries(self.health_url, attempt)
 
 
 # -- parsing an answer (pure functions) -----------------------------------------------------------------
 
 
 def _parse_result(data: Any, n_queries: int, k: int) -> list[list[Document]]:
-    """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`_Retryable`.
+    """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`Retryable`.
 
     An entry is ``{"document": {...}, "score": x}`` (``return_scores``) or the document itself.
     """
     if not isinstance(data, dict) or "result" not in data:
-        raise _Retryable(f"malformed answer: no 'result' key in {str(data)[:200]!r}")
+        raise Retryable(f"malformed answer: no 'result' key in {str(data)[:200]!r}")
     result = data["result"]
     if not isinstance(result, list) or len(result) != n_queries:
         got = len(result) if isinstance(result, list) else type(result).__name__
-        raise _Retryable(f"malformed answer: {got} result lists for {n_queries} queries")
+        raise Retryable(f"malformed answer: {got} result lists for {n_queries} queries")
     out = []
     for qi, entries in enumerate(result):
         if not isinstance(entries, list) or not entries:
-            raise _Retryable(
+            raise Retryable(
                 f"malformed answer: no documents for query {qi} (an empty result is not an answer)"
             )
         if len(entries) > k:
-            raise _Retryable(f"malformed answer: {len(entries)} documents for query {qi} but topk={k}")
+            raise Retryable(f"malformed answer: {len(entries)} documents for query {qi} but topk={k}")
         out.append([_parse_entry(entry, qi, rank) for rank, entry in enumerate(entries)])
     return out
 
@@ -236,20 +178,20 @@ def _parse_result(data: Any, n_queries: int, k: int) -> list[list[Document]]:
 def _parse_entry(entry: Any, qi: int, rank: int) -> Document:
     where = f"query {qi}, document {rank}"
     if not isinstance(entry, dict):
-        raise _Retryable(f"malformed answer: {where} is {type(entry).__name__}, not an object")
+        raise Retryable(f"malformed answer: {where} is {type(entry).__name__}, not an object")
     doc, score = (
         (entry["document"], entry.get("score")) if "document" in entry else (entry, entry.get("score"))
     )
     if not isinstance(doc, dict):
-        raise _Retryable(f"malformed answer: {where} has a non-object 'document'")
+        raise Retryable(f"malformed answer: {where} has a non-object 'document'")
     contents = doc.get("contents")
     if not isinstance(contents, str):
-        raise _Retryable(f"malformed answer: {where} has no 'contents' string")
+        raise Retryable(f"malformed answer: {where} has no 'contents' string")
     if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
-        raise _Retryable(f"malformed answer: {where} has score {score!r}, not a number")
+        raise Retryable(f"malformed answer: {where} has score {score!r}, not a number")
     noisy = doc.get("noisy")
     if noisy is not None and not isinstance(noisy, bool):
-        raise _Retryable(f"malformed answer: {where} has noisy={noisy!r}, not a bool or null")
+        raise Retryable(f"malformed answer: {where} has noisy={noisy!r}, not a bool or null")
     doc_id = doc.get("id")
     if doc_id is None:
         # Search-R1's BM25 server sends no id; a content hash keeps "same document" meaningful
@@ -257,23 +199,3 @@ def _parse_entry(entry: Any, qi: int, rank: int) -> Document:
     score = float(score) if score is not None and math.isfinite(score) else None
     document = Document.from_contents(str(doc_id), contents, score)
     return replace(document, noisy=noisy) if noisy is not None else document
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The server's ``error`` (zerosim) or ``detail`` (FastAPI) field, else the start of the body."""
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(data, dict):
-        for key in ("error", "detail"):
-            if data.get(key):
-                return str(data[key])[:500]
-    return str(data)[:200]
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    if "Connection refused" in text or "Errno 111" in text:
-        return "connection refused"
-    return text or type(exc).__name__

@@ -227,6 +227,58 @@ def serve(
 
 
 @contextlib.contextmanager
+def running_app(
+    app: fastapi.FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    log_level: str = "warning",
+    startup_timeout: float = 10.0,
+    health_path: str = "/health",
+    label: str = "server",
+) -> Iterator[str]:
+    """Serve ``app`` from a background thread for the ``with`` block; yields the base URL.
+
+    ``port=0`` picks a free port. Waits until ``health_path`` answers, and stops the server on exit. ``label``
+    names the server in errors and logs. For tests and benchmarks; use :func:`serve` for a long-running server.
+    """
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    crashed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # uvicorn exits with SystemExit when it cannot bind
+            crashed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"zerosim-{label.replace(' ', '-')}-{port}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while not server.started:
+            if not thread.is_alive():
+                reason = f": {crashed[0]!r}" if crashed else ""
+                raise RuntimeError(f"{label} on {host}:{port} failed to start{reason}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{label} on {host}:{port} did not start within {startup_timeout}s")
+            time.sleep(0.01)
+        bound_port = server.servers[0].sockets[0].getsockname()[1]
+        url_host = f"[{host}]" if ":" in host else host
+        base_url = f"http://{url_host}:{bound_port}"
+        response = httpx.get(f"{base_url}{health_path}", timeout=max(deadline - time.monotonic(), 0.5))
+        response.raise_for_status()
+        yield base_url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        if thread.is_alive():
+            logger.warning("%s thread did not stop within 10 s", label)
+
+
+@contextlib.contextmanager
 def running_server(
     engine: SearchEngine,
     host: str = "127.0.0.1",
@@ -241,42 +293,8 @@ def running_server(
     ``port=0`` picks a free port. Waits until ``/health`` answers, and stops the server on exit.
     For tests and benchmarks; use :func:`serve` for a long-running server.
     """
-    config = uvicorn.Config(
-        create_app(engine, **app_options),
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="off",
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(config)
-    crashed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            server.run()
-        except BaseException as exc:  # uvicorn exits with SystemExit when it cannot bind
-            crashed.append(exc)
-
-    thread = threading.Thread(target=run, name=f"zerosim-server-{port}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while not server.started:
-            if not thread.is_alive():
-                reason = f": {crashed[0]!r}" if crashed else ""
-                raise RuntimeError(f"search server on {host}:{port} failed to start{reason}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"search server on {host}:{port} did not start within {startup_timeout}s")
-            time.sleep(0.01)
-        bound_port = server.servers[0].sockets[0].getsockname()[1]
-        url_host = f"[{host}]" if ":" in host else host
-        base_url = f"http://{url_host}:{bound_port}"
-        response = httpx.get(f"{base_url}/health", timeout=max(deadline - time.monotonic(), 0.5))
-        response.raise_for_status()
-        yield base_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        if thread.is_alive():
-            logger.warning("search server thread did not stop within 10 s")
+    app = create_app(engine, **app_options)
+    with running_app(
+        app, host, port, log_level=log_level, startup_timeout=startup_timeout, label="search server"
+    ) as url:
+        yield url
