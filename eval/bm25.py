@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,9 +97,6 @@ class BM25Retriever:
 
     def write_files(self, index_dir: Path) -> None:
         self.retriever.save(str(index_dir / "bm25s"))
-        # zerosim.engines still recognises an index by meta.json; manifest.json is the source of truth.
-        meta = {"kind": "bm25", "stopwords": self.stopwords, "stemmer": self.stemmer_language}
-        (index_dir / "meta.json").write_text(json.dumps(meta, sort_keys=True))
 
     @classmethod
     def from_files(cls, index_dir: Path, docs: Sequence[Document], manifest: dict) -> BM25Retriever:

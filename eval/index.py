@@ -4,7 +4,7 @@ An index directory is self-contained::
 
     manifest.json   what was built from what (below); deterministic: same inputs, same bytes
     docs.jsonl      the passages, FlashRAG form {"id", "contents"}; row i is index entry i
-    bm25s/          kind bm25: the bm25s index (plus meta.json, read by older loaders)
+    bm25s/          kind bm25: the bm25s index
     faiss.index     kind dense: the faiss index
     embeddings.f32  kind dense: the passage embeddings, float32 (passages x dimension), row-major
 
@@ -85,7 +85,7 @@ def _is_replaceable(out: Path) -> bool:
         return True
     if not out.is_dir():
         return False
-    return not any(out.iterdir()) or (out / MANIFEST).is_file() or (out / "meta.json").is_file()
+    return not any(out.iterdir()) or (out / MANIFEST).is_file()
 
 
 @contextlib.contextmanager

@@ -80,14 +80,18 @@ class SimulatorConfig:
 @dataclass
 class BM25Config:
     corpus: str = EMBEDDED_DATA  # FlashRAG corpus jsonl, or "factbook" (embedded)
-    index_dir: str | None = None  # load/save the bm25s index here; None = build in memory
+    index_dir: str | None = (
+        None  # a built index (zerosim index build); None = built once into $ZEROSIM_HOME/indexes
+    )
 
 
 @dataclass
 class DenseConfig:
     corpus: str = EMBEDDED_DATA  # FlashRAG corpus jsonl, or "factbook" (embedded)
     encoder: str = "minilm"  # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2)
-    index_dir: str | None = None  # load a built index from here (zerosim index build); None = build in memory
+    index_dir: str | None = (
+        None  # a built index (zerosim index build); None = built once into $ZEROSIM_HOME/indexes
+    )
     faiss_type: str = "flat"  # flat | hnsw | ivfpq
     query_prefix: str | None = None  # prepended to queries (e5: "query: "); None = what the encoder expects
     passage_prefix: str | None = (
