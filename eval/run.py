@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 from eval.harness import DatasetResult, Evaluator, markdown_table, table
 from zerosim.config import EvalConfig
 from zerosim.data.embedded import load_questions
+from zerosim.fsutil import atomic_write_text
 from zerosim.tracking import log_config, log_jsonl, mlflow_run
 
 
@@ -30,13 +29,6 @@ def parse_dataset(spec: str, default_split: str) -> tuple[str, str, str]:
         source, split = spec, default_split
     name = Path(source).stem if source.endswith((".jsonl", ".parquet")) else source
     return (f"{name}:{split}" if split != default_split else name), source, split
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _training_run_of(policy_path: str) -> str | None:
@@ -94,8 +86,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> EvalResult:
             for r in results
             for row in r.rows[: cfg.num_sample_trajectories]
         ]
-        _atomic_write(out_dir / "table.json", json.dumps(rows, indent=2, sort_keys=True))
-        _atomic_write(out_dir / "table.md", md)
+        atomic_write_text(out_dir / "table.json", json.dumps(rows, indent=2, sort_keys=True))
+        atomic_write_text(out_dir / "table.md", md)
         mlflow.log_text(json.dumps(rows, indent=2, sort_keys=True), "table.json")
         mlflow.log_text(md, "table.md")
         log_jsonl(samples, "samples/trajectories.jsonl")

@@ -194,6 +194,120 @@ def simulator_serve(
     raise typer.Exit(code=code)
 
 
+def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
+    from zerosim.config import ConfigError, load_config
+
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    try:
+        return load_config(config, [*extra, *(overrides or [])], schema=schema)
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+@simulator_app.command("collect")
+def simulator_collect(
+    out: Path = typer.Option(None, "--out", help="SFT jsonl to write (a <out>.report.json goes beside it)."),
+    data: str = typer.Option(None, "--data", help="Questions: file, HF id, or factbook."),
+    search: str = typer.Option(
+        None, "--search", help="Real retriever for the documents: bm25 | dense | hybrid | http"
+    ),
+    queries: str = typer.Option(None, "--queries", help="question | policy (the policy's <search> queries)"),
+    label: str = typer.Option(None, "--label", help="contains | judge"),
+    max_questions: int = typer.Option(
+        None, "--max-questions", help="Use this many questions (seeded sample)."
+    ),
+    config: Path = typer.Option(None, "--config", "-c", help="YAML collect recipe."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. depth=20 balance=false"),
+) -> None:
+    """Build a simulator SFT dataset: queries, real-retriever documents, useful/noisy labels."""
+    from zerosim.config import SimulatorCollectConfig
+
+    flags = {
+        "out": out,
+        "data": data,
+        "search.engine": search,
+        "queries": queries,
+        "label": label,
+        "max_questions": max_questions,
+    }
+    cfg = _load(config, flags, overrides, SimulatorCollectConfig)
+    from simulators.collect import run_collect
+    from zerosim.search import SearchError
+
+    try:
+        result = run_collect(cfg)
+    except (ValueError, FileNotFoundError, SearchError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result.report, indent=2))
+    console.print(f"[bold green]done[/] {len(result.rows)} rows -> {result.path}")
+
+
+@simulator_app.command("train")
+def simulator_train(
+    data: Path = typer.Option(None, "--data", help="SFT jsonl from `zerosim simulator collect`."),
+    model: str = typer.Option(None, "--model", help="Base model: local path, HF id, or smollm2."),
+    output_dir: Path = typer.Option(
+        None, "--output-dir", help="Checkpoint goes to <output-dir>/<name>/final."
+    ),
+    lora: bool = typer.Option(None, "--lora/--full", help="Train a LoRA adapter, or all weights."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Optimizer steps."),
+    config: Path = typer.Option(None, "--config", "-c", help="YAML SFT recipe."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. learning_rate=5e-5"),
+) -> None:
+    """Supervised fine-tuning of a simulator LLM (TRL SFTTrainer, full or LoRA) with an MLflow run."""
+    from zerosim.config import SimulatorTrainConfig
+
+    flags = {
+        "data": data,
+        "model": model,
+        "output_dir": output_dir,
+        "lora": None if lora is None else str(lora).lower(),
+        "max_steps": max_steps,
+    }
+    cfg = _load(config, flags, overrides, SimulatorTrainConfig)
+    from simulators.sft import run_sft
+    from zerosim.models import ModelError
+
+    try:
+        path = run_sft(cfg)
+    except (ModelError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
+
+
+@simulator_app.command("eval")
+def simulator_eval(
+    model: str = typer.Option(None, "--model", help="Simulator: local path, HF id, or smollm2."),
+    data: str = typer.Option(None, "--data", help="Questions with gold answers: file, HF id, or factbook."),
+    limit: int = typer.Option(None, "--limit", help="Evaluate the first N questions."),
+    backend: str = typer.Option(None, "--backend", help="transformers | openai"),
+    url: str = typer.Option(None, "--url", help="backend=openai: the server's base URL."),
+    config: Path = typer.Option(None, "--config", "-c", help="YAML simulator-eval recipe."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. k=5 simulator.temperature=0"),
+) -> None:
+    """Quality report of a simulator (useful/noisy answer shares, format, duplicates, speed) + MLflow run."""
+    from zerosim.config import SimulatorEvalConfig
+
+    flags = {
+        "simulator.model": model,
+        "data": data,
+        "limit": limit,
+        "simulator.backend": backend,
+        "simulator.url": url,
+    }
+    cfg = _load(config, flags, overrides, SimulatorEvalConfig)
+    from simulators.quality import run_quality
+    from zerosim.models import ModelError
+    from zerosim.search import SearchError
+
+    try:
+        result = run_quality(cfg)
+    except (ModelError, ValueError, FileNotFoundError, SearchError) as exc:
+        _fail(str(exc))
+    typer.echo(result.markdown)
+    console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
+
+
 @models_app.command("prepare")
 def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")) -> None:
     """Convert the embedded SmolLM2 GGUF into a cached bf16 Hugging Face checkpoint."""

@@ -233,6 +233,80 @@ class EvalConfig:
     num_sample_trajectories: int = 20  # trajectories per dataset kept as an artifact
 
 
+@dataclass
+class JudgeConfig:
+    model: str = EMBEDDED_MODEL  # judge LLM: HF id, local path, or "smollm2"
+    backend: str = "transformers"  # transformers (in-process) / openai (an OpenAI-compatible server at url)
+    url: str = "http://127.0.0.1:8001"  # backend=openai: the server's base URL
+    max_new_tokens: int = 4  # tokens the judge may write (it must start with yes or no)
+
+
+@dataclass
+class SimulatorCollectConfig:
+    """``zerosim simulator collect``: queries + real-retriever documents labelled useful/noisy -> SFT jsonl."""
+
+    data: str = EMBEDDED_DATA  # questions: FlashRAG jsonl/parquet, HF dataset id, or "factbook"
+    split: str = "train"  # split of those questions (keep the eval split out of the SFT data)
+    max_questions: int | None = 400  # use this many questions (seeded sample); None = all
+    queries: str = "question"  # question (the question is the query) / policy (the policy's <search> queries)
+    policy: str = EMBEDDED_MODEL  # queries=policy: the policy rolled out against the retriever
+    depth: int = 10  # documents retrieved per query and labelled
+    k: int = 3  # most documents per SFT example (match search.k of the RL runs)
+    words_per_doc: int = 30  # documents are cut to this many words, around the gold answer in useful ones
+    label: str = "contains"  # contains (a gold answer occurs in the document) / judge (an LLM decides)
+    balance: bool = True  # keep as many useful as noisy examples (seeded down-sampling of the larger mode)
+    pass_answers: bool = True  # prompts show question and gold answers (as simulator.pass_answers at RL time)
+    prompts_file: str | None = None  # simulator templates file (as simulator.prompts_file at RL time)
+    batch_size: int = 32  # questions per retrieval / rollout batch
+    seed: int = 0  # seeds the question sample, the balancing and policy sampling
+    out: str = "outputs/simulator/sft.jsonl"  # the SFT dataset; a report goes next to it (<out>.report.json)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(engine="bm25"))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class SimulatorTrainConfig:
+    """``zerosim simulator train``: supervised fine-tuning of the simulator LLM (TRL SFTTrainer)."""
+
+    data: str = "outputs/simulator/sft.jsonl"  # SFT jsonl from zerosim simulator collect
+    model: str = EMBEDDED_MODEL  # base LLM: HF id, local path, or "smollm2"
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+    output_dir: str = "outputs/simulator"  # checkpoint goes to <output_dir>/<name>/final
+    name: str = "simulator-sft"  # MLflow run name and output sub-folder
+    max_steps: int = 300  # optimizer steps
+    learning_rate: float = 1e-4  # AdamW learning rate (LoRA: ~1e-3 is usual)
+    batch_size: int = 8  # examples per optimizer micro-batch
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    max_length: int = 512  # longest tokenised example kept (longer ones are truncated)
+    lora: bool = False  # train a LoRA adapter (peft) instead of all weights
+    lora_r: int = 16  # LoRA rank
+    lora_alpha: int = 32  # LoRA scaling
+    lora_dropout: float = 0.05  # LoRA dropout
+    lora_target_modules: str = "all-linear"  # modules to adapt ("all-linear" or comma-separated names)
+    merge_lora: bool = True  # save the adapter merged into the base weights (a plain checkpoint)
+    seed: int = 0  # seeds data order and initialisation
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
+
+
+@dataclass
+class SimulatorEvalConfig:
+    """``zerosim simulator eval``: quality report of a simulator in useful and noisy mode."""
+
+    data: str = EMBEDDED_DATA  # questions with gold answers: file, HF id, or "factbook"
+    split: str = "test"  # split of those questions (not the one the simulator was trained on)
+    limit: int | None = 64  # evaluate the first N questions; None = all
+    k: int = 3  # documents per result
+    batch_size: int = 16  # questions per simulator call (each gives one useful and one noisy request)
+    seed: int = 0  # seeds the simulator
+    output_dir: str = (
+        "outputs/simulator-eval"  # table.json / table.md / samples.jsonl go to <output_dir>/<run_name>
+    )
+    run_name: str | None = None  # MLflow run name; None = "quality-<model folder name>"
+    simulator: SimulatorConfig = field(default_factory=lambda: SimulatorConfig(on_short="fill"))
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
+
+
 # Choice-valued keys and their valid values; checked after merging.
 CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
@@ -240,6 +314,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
     "search.simulator.backend": ("transformers", "openai"),
     "search.simulator.on_short": ("reask", "fill"),
+    "simulator.backend": ("transformers", "openai"),
+    "simulator.on_short": ("reask", "fill"),
+    "queries": ("question", "policy"),
+    "label": ("contains", "judge"),
+    "judge.backend": ("transformers", "openai"),
+    "dtype": ("auto", "float32", "bfloat16"),
     "method": ("agent", "rag", "direct"),
     "curriculum.schedule": ("exponential", "constant"),
     "curriculum.granularity": ("call", "document"),
@@ -306,6 +386,21 @@ def load_config(
 
 
 def _check_ranges(cfg: Any) -> None:
+    if isinstance(cfg, SimulatorCollectConfig):
+        if cfg.k < 1 or cfg.depth < cfg.k:
+            raise ConfigError(f"need 1 <= k <= depth, got k={cfg.k}, depth={cfg.depth}")
+        if cfg.words_per_doc < 1:
+            raise ConfigError(f"words_per_doc must be >= 1, got {cfg.words_per_doc}")
+        return
+    if isinstance(cfg, SimulatorTrainConfig):
+        for name in ("max_steps", "batch_size", "max_length", "lora_r"):
+            if getattr(cfg, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+        return
+    if isinstance(cfg, SimulatorEvalConfig):
+        if cfg.k < 1 or cfg.batch_size < 1:
+            raise ConfigError(f"k and batch_size must be >= 1, got k={cfg.k}, batch_size={cfg.batch_size}")
+        return
     if not isinstance(cfg, TrainConfig):
         return
     t = cfg.trainer

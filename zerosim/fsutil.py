@@ -31,3 +31,18 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -70,3 +70,13 @@ def f1_score(pred: str, golds: str | Iterable[str]) -> float:
         recall = common / len(gold_tokens)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def answer_in_text(text: str, golds: str | Iterable[str]) -> bool:
+    """True if some normalised gold answer occurs in the normalised ``text`` as whole words.
+
+    Token-aligned (unlike :func:`cover_exact_match`), so the gold "5" is not found in "1995": this is the
+    containment test for documents (simulator SFT labels and the simulator quality report).
+    """
+    padded = f" {normalize_answer(text)} "
+    return any(f" {g} " in padded for g in _normalized_golds(golds))

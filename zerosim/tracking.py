@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zerosim.config import TrackingConfig, flatten, to_yaml
@@ -43,11 +43,16 @@ def mlflow_run(
         mlflow.end_run()
 
 
-def log_config(cfg: Any) -> None:
-    """Resolved config as params and as ``config.yaml``."""
+def log_config(cfg: Any, prefix: str = "") -> None:
+    """Resolved config as params (names prefixed by ``prefix``) and as ``config.yaml``.
+
+    Jobs that also run a transformers ``Trainer`` pass a prefix: its MLflow callback logs the
+    ``TrainingArguments`` (``output_dir``, ``dtype``, ...) and MLflow refuses a param logged twice with
+    different values.
+    """
     import mlflow
 
-    params = {k: ("None" if v is None else v) for k, v in flatten(cfg).items()}
+    params = {f"{prefix}{k}": ("None" if v is None else v) for k, v in flatten(cfg).items()}
     mlflow.log_params(params)
     mlflow.log_text(to_yaml(cfg), "config.yaml")
 
@@ -70,16 +75,34 @@ PLOTTED = (
 )
 
 
-def log_training_curves(log_history: list[dict[str, Any]], artifact_file: str = "plots/training.png") -> None:
-    """Plot the per-step curves people compare runs by (reward, curriculum, search behaviour) as a PNG."""
+SFT_PLOTTED = (
+    ("loss", "training loss"),
+    ("mean_token_accuracy", "token accuracy"),
+    ("learning_rate", "learning rate"),
+)
+
+
+def log_training_curves(
+    log_history: list[dict[str, Any]],
+    artifact_file: str = "plots/training.png",
+    plotted: Sequence[tuple[str, str]] = PLOTTED,
+) -> None:
+    """Plot per-step curves (``plotted``: (log key, title) pairs) from a trainer's log history as a PNG.
+
+    The default set is what people compare RL runs by: reward, curriculum, search behaviour.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import mlflow
 
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6), constrained_layout=True)
-    for ax, (key, title) in zip(axes.flat, PLOTTED, strict=True):
+    cols = min(3, len(plotted))
+    rows = -(-len(plotted) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), constrained_layout=True, squeeze=False)
+    for ax in axes.flat[len(plotted) :]:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes.flat, plotted, strict=False):
         points = [(row["step"], row[key]) for row in log_history if key in row and row[key] is not None]
         if points:
             steps, values = zip(*points, strict=True)

@@ -118,7 +118,7 @@ def run_warmstart(
     )
     target = output_dir / "final"
     with mlflow_run(tracking, f"{output_dir.parent.name}-warmstart", tags={"zerosim.job": "warmstart"}):
-        log_config(cfg)
+        log_config(cfg, prefix="warmstart.")
         mlflow.log_params({"warmstart.policy": policy, "warmstart.examples_built": len(rows)})
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer

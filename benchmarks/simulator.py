@@ -1,0 +1,134 @@
+"""Simulator speed (on demand, not CI): ``python benchmarks/simulator.py [--requests 16] [--model smollm2]``.
+
+One run, three comparisons, printed side by side with their ratios:
+
+1. In-process: one batched ``generate`` for all N requests of a search call (what ``LLMSimulator`` does)
+   vs one call per request, sequentially (ZeroSearch's loop). Target: batched >= 4x at 16 requests.
+2. HTTP (the in-process OpenAI-compatible server, as ``zerosim simulator serve`` runs it without vLLM):
+   all prompts of a call in one ``/v1/completions`` request vs one request per query.
+3. Cache: mean latency of a hit in ``CachedSearchEngine`` (memory, and sqlite after a restart).
+   Target: < 1 ms.
+
+Every variant gets the same prompts, the same greedy decoding and the same token budget, and writes the
+same documents (checked), so the ratios measure the batching and transport alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def row(name: str, *cells: str) -> None:
+    print(f"  {name:<44}" + "".join(f"{c:>14}" for c in cells))
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def requests_for(n: int):
+    from zerosim.data.embedded import load_questions
+    from zerosim.search import SearchRequest
+
+    questions = load_questions("factbook", "dev", limit=n)
+    return [SearchRequest(query=q.question, question=q.question, answers=q.golden_answers) for q in questions]
+
+
+def one_by_one(sim, requests, k):
+    return [docs for r in requests for docs in sim.search([r], k)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2", help="simulator model: path, HF id or smollm2")
+    parser.add_argument("--requests", type=int, default=16, help="requests in one search call")
+    parser.add_argument("--k", type=int, default=3, help="documents per request")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="token budget per prompt")
+    parser.add_argument("--cache-hits", type=int, default=2000, help="cache lookups to time")
+    args = parser.parse_args()
+
+    import torch
+
+    from simulators import CachedSearchEngine, LLMSimulator, TransformersBackend
+    from simulators.openai_server import running_openai_server
+    from zerosim.models import load_causal_lm, load_tokenizer
+
+    torch.manual_seed(0)
+    requests = requests_for(args.requests)
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, on_short="fill", seed=0)
+    model, tokenizer = load_causal_lm(args.model), load_tokenizer(args.model)
+    sim = LLMSimulator(TransformersBackend(model, tokenizer, model_id=args.model), **options)
+    sim.search(requests[:2], args.k)  # warm-up: first-call allocations out of the timings
+
+    print(
+        f"\nsimulator {args.model}: {len(requests)} requests, k={args.k}, {args.max_new_tokens} new tokens each"
+    )
+    print("\n1. in-process transformers")
+    batched, t_batched = timed(sim.search, requests, args.k)
+    sequential, t_seq = timed(one_by_one, sim, requests, args.k)
+    row("", "seconds", "requests/s", "speed-up")
+    row("one call per request (sequential)", f"{t_seq:.2f}", f"{len(requests) / t_seq:.2f}", "1.0x")
+    row(
+        "one batched call (zerosim)",
+        f"{t_batched:.2f}",
+        f"{len(requests) / t_batched:.2f}",
+        f"{t_seq / t_batched:.1f}x",
+    )
+    same = sum(a == b for a, b in zip(batched, sequential, strict=True))
+    print(
+        f"  identical results batched vs sequential: {same}/{len(requests)} (padding may change a greedy tie)"
+    )
+
+    print("\n2. HTTP, OpenAI-compatible /v1/completions (in-process server)")
+    server_backend = TransformersBackend(model, tokenizer, apply_chat_template=False, model_id=args.model)
+    with running_openai_server(server_backend, model_name="sim") as url:
+        client = LLMSimulator.from_openai(url, "sim", tokenizer=tokenizer, max_concurrency=1, **options)
+        client.search(requests[:2], args.k)
+        _, t_one = timed(client.search, requests, args.k)
+        _, t_each = timed(one_by_one, client, requests, args.k)
+        client.close()
+    row("", "seconds", "requests/s", "speed-up")
+    row("one HTTP request per query", f"{t_each:.2f}", f"{len(requests) / t_each:.2f}", "1.0x")
+    row(
+        "one HTTP request per call (zerosim)",
+        f"{t_one:.2f}",
+        f"{len(requests) / t_one:.2f}",
+        f"{t_each / t_one:.1f}x",
+    )
+    row("HTTP overhead vs in-process batched", f"{t_one - t_batched:+.2f}", "", "")
+
+    print("\n3. cache hits")
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "cache.sqlite"
+        cached = CachedSearchEngine(sim, sqlite_path=db)
+        cached.search(requests, args.k)  # fill: one miss per request
+        lookups = [[requests[i % len(requests)]] for i in range(args.cache_hits)]
+        memory = [timed(cached.search, r, args.k)[1] for r in lookups]
+        cached.close()
+        reopened = CachedSearchEngine(sim, sqlite_path=db)  # a new process: memory empty, sqlite warm
+        disk = [timed(reopened.search, [r], args.k)[1] for r in requests]
+        assert reopened.stats["misses"] == 0, "sqlite should have answered every request"
+        reopened.close()
+    row("", "mean ms", "p99 ms", "target")
+    p99 = lambda xs: sorted(xs)[int(0.99 * (len(xs) - 1))]  # noqa: E731
+    row("memory hit", f"{1e3 * statistics.mean(memory):.3f}", f"{1e3 * p99(memory):.3f}", "< 1 ms")
+    row(
+        "sqlite hit (after restart)", f"{1e3 * statistics.mean(disk):.3f}", f"{1e3 * p99(disk):.3f}", "< 1 ms"
+    )
+    miss = t_batched / len(requests)
+    row("miss (batched generation, per request)", f"{1e3 * miss:.1f}", "", "")
+
+
+if __name__ == "__main__":
+    main()

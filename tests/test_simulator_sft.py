@@ -1,0 +1,343 @@
+"""Simulator SFT pipeline: collect (labels, clipping, balance, policy queries), train, quality report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulators.collect import (
+    ContainmentLabeler,
+    JudgeLabeler,
+    QueryDocs,
+    RecordingEngine,
+    balance_rows,
+    build_rows,
+    clip_words,
+    policy_queries,
+)
+from simulators.llm import MISSING_DOC_TEXT
+from simulators.parsing import split_documents
+from simulators.prompts import SimulatorPrompts
+from simulators.quality import ResultScore, score
+from simulators.sft import DatasetError, load_sft_dataset
+from zerosim.config import ConfigError, SimulatorCollectConfig, load_config
+from zerosim.data.qa import QAExample
+from zerosim.generation import Generation
+from zerosim.metrics import answer_in_text
+from zerosim.search import Document, SearchRequest
+
+
+def ex(q="What is the capital of Peru?", answers=("Lima",), id="q1"):
+    return QAExample(id=id, question=q, golden_answers=tuple(answers))
+
+
+# -- documents and labels ----------------------------------------------------------------------------------
+
+
+def test_answer_in_text_is_whole_word_and_normalised():
+    assert answer_in_text("The capital is LIMA.", ["lima"])
+    assert not answer_in_text("founded in 1995", ["5"])
+    assert answer_in_text("colours: red, white, blue", ["Red white blue"])
+    assert not answer_in_text("anything", [""])  # an empty gold matches nothing
+
+
+def test_clip_words_keeps_the_answer_segment_and_the_budget():
+    fields = [f"Peru - Economy - Field {i}: filler words number {i} here" for i in range(12)]
+    fields[9] = "Peru - Government - Capital: Lima"
+    text = " | ".join(fields)
+    clipped = clip_words(text, 20, ["Lima"])
+    assert answer_in_text(clipped, ["Lima"])
+    assert len(clipped.split()) <= 20
+    assert clipped.startswith("Peru - ")  # cut on a field boundary, not mid-field
+    # without answers the beginning is kept
+    assert clip_words(text, 10).split()[:3] == ["Peru", "-", "Economy"]
+    # a single long segment: a word window around the mention
+    long = " ".join(["word"] * 100 + ["Lima"] + ["word"] * 100)
+    window = clip_words(long, 15, ["Lima"])
+    assert len(window.split()) == 15 and "Lima" in window.split()
+    # short text is returned whole (whitespace normalised)
+    assert clip_words("a  b\nc", 10) == "a b c"
+
+
+def docs(*texts):
+    return tuple(Document(id=f"d{i}", title="", text=t) for i, t in enumerate(texts))
+
+
+def test_build_rows_round_trips_through_the_simulator_parser():
+    items = [
+        QueryDocs("capital of Peru", ex(), docs("Lima is the capital of Peru.", "Peru has mountains.", "Lima has a port.", "Cusco is old.")),
+        QueryDocs("capital of Chile", ex("Capital of Chile?", ("Santiago",), "q2"), docs("Chile is long.", "Chile exports copper.")),
+    ]  # fmt: skip
+    prompts = SimulatorPrompts()
+    rows, counts = build_rows(
+        items, ContainmentLabeler(), k=3, words_per_doc=30, prompts=prompts, pass_answers=True
+    )
+    assert counts["documents_useful"] == 2 and counts["documents_noisy"] == 4
+    assert counts["queries_without_useful"] == 1
+    modes = [(r["question_id"], r["mode"], r["num_documents"]) for r in rows]
+    assert modes == [("q1", "useful", 2), ("q1", "noisy", 2), ("q2", "noisy", 2)]
+    useful = rows[0]
+    # the prompt is exactly what the simulator sends at RL time for that many slots
+    assert useful["prompt"][0]["content"] == prompts.render(
+        query="capital of Peru", k=2, words=30, noisy=False, question=ex().question, answers=("Lima",)
+    )
+    parsed = split_documents(useful["completion"][0]["content"], 2)
+    assert parsed == ["Lima is the capital of Peru.", "Lima has a port."]
+    assert all(
+        not answer_in_text(t, ["Lima"]) for t in split_documents(rows[1]["completion"][0]["content"], 3)
+    )
+    # withheld answers: the prompt carries neither question nor answer
+    rows2, _ = build_rows(
+        items, ContainmentLabeler(), k=3, words_per_doc=30, prompts=prompts, pass_answers=False
+    )
+    assert "Lima" not in rows2[0]["prompt"][0]["content"]
+
+
+def test_balance_rows_is_equal_and_seeded():
+    rows = [{"mode": "useful", "i": i} for i in range(3)] + [{"mode": "noisy", "i": i} for i in range(10)]
+    a, b = balance_rows(rows, seed=1), balance_rows(rows, seed=1)
+    assert a == b
+    assert sum(r["mode"] == "useful" for r in a) == sum(r["mode"] == "noisy" for r in a) == 3
+
+
+class FakeJudgeBackend:
+    def __init__(self, answers):
+        self.answers = answers
+        self.prompts = []
+
+    def complete(self, prompts, **kw):
+        start = len(self.prompts)
+        self.prompts.extend(prompts)
+        assert kw["temperature"] == 0.0
+        return [self.answers[i % len(self.answers)] for i in range(start, len(self.prompts))]
+
+
+def test_judge_labels_and_falls_back_to_containment():
+    backend = FakeJudgeBackend(["Yes, it does.", " no", "maybe"])
+    labeler = JudgeLabeler(backend, batch_size=2)
+    items = [(ex(), "Peru is big."), (ex(), "Lima is the capital."), (ex(), "Lima again."), (ex(), "nothing")]
+    labels = labeler.label(items)
+    # yes -> useful even without the answer; no -> noisy even with it; "maybe" -> containment fallback
+    assert labels == [(True, "judge"), (False, "judge"), (True, "contains-fallback"), (True, "judge")]
+    assert "Correct answer: Lima" in backend.prompts[0] and "Document: Peru is big." in backend.prompts[0]
+
+
+def test_judge_rejects_a_wrong_number_of_answers():
+    from zerosim.search import SearchError
+
+    class Short(FakeJudgeBackend):
+        def complete(self, prompts, **kw):
+            return ["yes"]
+
+    with pytest.raises(SearchError, match="1 answers for 2 documents"):
+        JudgeLabeler(Short([]), batch_size=8).label([(ex(), "a"), (ex(), "b")])
+
+
+class ListRetriever:
+    def __init__(self, n=5):
+        self.n = n
+        self.calls = []
+
+    def search(self, requests, k):
+        self.calls.append((list(requests), k))
+        return [
+            [
+                Document(id=f"{r.query}-{i}", title="", text=f"doc {i} about {r.query}")
+                for i in range(min(k, self.n))
+            ]
+            for r in requests
+        ]
+
+
+def test_policy_queries_record_what_the_policy_searched(tokenizer):
+    retriever = ListRetriever(n=6)
+    cfg = SimulatorCollectConfig(depth=6, k=2)
+    cfg.rollout.max_turns = 2
+    questions = [ex(), ex("Capital of Chile?", ("Santiago",), "q2")]
+
+    class Scripted:
+        turn = 0
+
+        def generate(self, prompts, n):
+            text = "<search> capital city </search>" if self.turn == 0 else "<answer> Lima </answer>"
+            self.turn += 1
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            return [Generation(ids, [0.0] * len(ids), "stop") for _ in prompts]
+
+    items = policy_queries(cfg, questions, retriever, generator=Scripted(), tokenizer=tokenizer)
+    assert [(i.query, i.example.id) for i in items] == [("capital city", "q1"), ("capital city", "q2")]
+    assert all(len(i.documents) == 6 for i in items)  # depth documents for the data...
+    ((requests, k),) = retriever.calls
+    assert k == 6 and requests[0].noise is None
+
+
+def test_recording_engine_gives_the_policy_k():
+    rec = RecordingEngine(ListRetriever(n=10), depth=8)
+    out = rec.search([SearchRequest(query="x", noise=(True, False))], 2)
+    assert len(out[0]) == 2 and len(rec.records[0][1]) == 8
+
+
+def test_collect_config_ranges():
+    with pytest.raises(ConfigError, match="k <= depth"):
+        load_config(None, ["k=5", "depth=3"], schema=SimulatorCollectConfig)
+    with pytest.raises(ConfigError, match="valid values: question, policy"):
+        load_config(None, ["queries=logs"], schema=SimulatorCollectConfig)
+
+
+# -- dataset loading ---------------------------------------------------------------------------------------
+
+
+def test_sft_dataset_errors_name_file_line_and_fix(tmp_path):
+    with pytest.raises(DatasetError, match="zerosim simulator collect"):
+        load_sft_dataset(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "p", "completion": "c"}\nnot json\n')
+    with pytest.raises(DatasetError, match="line 2: not valid JSON"):
+        load_sft_dataset(bad)
+    bad.write_text('{"prompt": [{"role": "user", "content": "p"}]}\n')
+    with pytest.raises(DatasetError, match="line 1: no 'completion' field"):
+        load_sft_dataset(bad)
+    bad.write_text('{"prompt": [{"role": "user"}], "completion": "c"}\n')
+    with pytest.raises(DatasetError, match="list of \\{role, content\\} messages"):
+        load_sft_dataset(bad)
+    bad.write_text("\n")
+    with pytest.raises(DatasetError, match="has no rows"):
+        load_sft_dataset(bad)
+
+
+# -- quality numbers ---------------------------------------------------------------------------------------
+
+
+def test_quality_score_by_hand():
+    answers = ("Lima",)
+    useful = [
+        ResultScore.of(docs("Lima is the capital", "Peru is big", "peru is big"), answers),  # answer, 1 dup
+        ResultScore.of(docs("Cusco", MISSING_DOC_TEXT, MISSING_DOC_TEXT), answers),  # no answer, 1 real
+    ]
+    noisy = [
+        ResultScore.of(docs("Andes", "Amazon", "Pacific"), answers),  # clean
+        ResultScore.of(docs("Lima!", "Andes", "x"), answers),  # leaks
+        ResultScore.of(
+            docs(MISSING_DOC_TEXT, MISSING_DOC_TEXT, MISSING_DOC_TEXT), answers
+        ),  # nothing: not clean
+    ]
+    r = score(useful, noisy, k=3, seconds=2.0)
+    assert r["useful_answer_share"] == 0.5
+    assert r["noisy_clean_share"] == pytest.approx(1 / 3)
+    assert r["useful_doc_answer_share"] == pytest.approx(1 / 4)
+    assert r["noisy_doc_leak_share"] == pytest.approx(1 / 6)
+    assert r["format_valid"] == pytest.approx(3 / 5)
+    assert r["duplicate_rate"] == pytest.approx(1 / 10)
+    assert r["mean_words"] == pytest.approx(17 / 10)
+    assert r["docs_per_second"] == 5.0
+
+
+# -- end to end through the CLI -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def factoid_files(tmp_path):
+    countries = {"Peru": "Lima", "Chile": "Santiago", "Spain": "Madrid", "Japan": "Tokyo", "Kenya": "Nairobi", "Egypt": "Cairo"}  # fmt: skip
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"What is the capital of {c}?", "golden_answers": [a]})
+            + "\n"
+            for i, (c, a) in enumerate(countries.items())
+        )
+    )
+    corpus = tmp_path / "corpus.jsonl"
+    lines = []
+    for i, (c, a) in enumerate(countries.items()):
+        lines.append(
+            {
+                "id": f"cap{i}",
+                "contents": f"{c}\n{c} - Government - Capital: {a} | {c} - Government - Type: republic",
+            }
+        )
+        lines.append(
+            {
+                "id": f"geo{i}",
+                "contents": f"{c}\n{c} - Geography - Area: large | {c} - Geography - Climate: varied",
+            }
+        )
+    corpus.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return qa, corpus
+
+
+def run_cli(*args, timeout=600):
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerosim.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora):
+    import mlflow
+
+    qa, corpus = factoid_files
+    db = f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"
+    data = tmp_path / "sft" / "sft.jsonl"
+    proc = run_cli("simulator", "collect", "--data", qa, "--search", "bm25", "--out", data,
+                   f"search.bm25.corpus={corpus}", "depth=4", "k=2", "words_per_doc=12")  # fmt: skip
+    report = json.loads(Path(str(data) + ".report.json").read_text())
+    assert json.loads(proc.stdout) == report
+    assert report["questions"] == 6 and report["rows"]["useful"] == report["rows"]["noisy"] > 0
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(rows) == sum(report["rows"].values())
+    for row in rows:
+        text = row["completion"][0]["content"]
+        assert answer_in_text(text, row["answers"]) == (row["mode"] == "useful")
+    from datasets import load_dataset
+
+    assert load_dataset("json", data_files=str(data), split="train").num_rows == len(rows)
+
+    mode = "--lora" if lora else "--full"
+    ckpt = run_cli("simulator", "train", "--data", data, "--model", tiny_model_dir, mode, "--max-steps", 2,
+                   "--output-dir", tmp_path / "sim", "batch_size=2", "max_length=256", db).stdout.strip()  # fmt: skip
+    ckpt = Path(ckpt.splitlines()[-1])
+    assert ckpt == tmp_path / "sim" / "simulator-sft" / "final"
+    assert (ckpt / "model.safetensors").is_file() and not (ckpt / "adapter_config.json").exists()
+
+    out = run_cli("simulator", "eval", "--model", ckpt, "--data", qa, "--limit", 3, "k=2", "batch_size=2",
+                  "simulator.max_new_tokens=12", f"output_dir={tmp_path / 'q'}", "run_name=q", db).stdout  # fmt: skip
+    assert "| simulator | n |" in out
+    table = json.loads((tmp_path / "q" / "q" / "table.json").read_text())
+    assert table["results"] == 6 and 0.0 <= table["useful_answer_share"] <= 1.0
+    samples = (tmp_path / "q" / "q" / "samples.jsonl").read_text().splitlines()
+    assert [json.loads(s)["mode"] for s in samples] == ["useful"] * 2 + ["noisy"] * 2 + ["useful", "noisy"]
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
+    jobs = {r.data.tags["zerosim.job"]: r for r in runs}
+    assert set(jobs) == {"simulator-sft", "simulator-eval"}
+    sft = jobs["simulator-sft"]
+    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
+    assert sft.data.params["sft.lora"] == str(lora)
+    client = mlflow.MlflowClient()
+    assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]
+    assert {a.path for a in client.list_artifacts(sft.info.run_id, "plots")} == {"plots/sft.png"}
+    ev = jobs["simulator-eval"]
+    assert ev.data.metrics["results"] == 6.0
+    assert {"table.json", "table.md", "samples.jsonl", "plots"} <= {
+        a.path for a in client.list_artifacts(ev.info.run_id)
+    }
+
+
+def test_cli_collect_refuses_a_simulator_as_retriever(tmp_path, factoid_files):
+    qa, _ = factoid_files
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerosim.cli", "simulator", "collect", "--data", str(qa), "--search", "simulator", "--out", str(tmp_path / "x.jsonl")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "needs a real retriever" in proc.stderr
+    assert not (tmp_path / "x.jsonl").exists()
