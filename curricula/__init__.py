@@ -1,6 +1,27 @@
 """Curricula: how often searches return noisy documents as training goes on."""
 
 from curricula.noise import draw_noise
-from curricula.schedules import ConstantSchedule, ExponentialSchedule, NoiseSchedule, build_schedule
+from curricula.schedules import (
+    SCHEDULES,
+    AdaptiveSchedule,
+    ConstantSchedule,
+    CosineSchedule,
+    ExponentialSchedule,
+    LinearSchedule,
+    NoiseSchedule,
+    StepSchedule,
+    build_schedule,
+)
 
-__all__ = ["ConstantSchedule", "ExponentialSchedule", "NoiseSchedule", "build_schedule", "draw_noise"]
+__all__ = [
+    "SCHEDULES",
+    "AdaptiveSchedule",
+    "ConstantSchedule",
+    "CosineSchedule",
+    "ExponentialSchedule",
+    "LinearSchedule",
+    "NoiseSchedule",
+    "StepSchedule",
+    "build_schedule",
+    "draw_noise",
+]

@@ -1,6 +1,18 @@
+import math
+
 import pytest
 
-from curricula import ConstantSchedule, ExponentialSchedule, build_schedule, draw_noise
+from curricula import (
+    SCHEDULES,
+    AdaptiveSchedule,
+    ConstantSchedule,
+    CosineSchedule,
+    ExponentialSchedule,
+    LinearSchedule,
+    StepSchedule,
+    build_schedule,
+    draw_noise,
+)
 
 
 def test_zerosearch_schedule_values():
@@ -20,7 +32,7 @@ def test_base_one_is_linear_and_constant_is_flat():
     assert [s.probability(i) for i in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert ConstantSchedule(0.3).probability(999) == 0.3
     assert build_schedule("constant", p_start=0.0, p_end=0.2, base=4, total_steps=5).probability(0) == 0.2
-    with pytest.raises(ValueError, match="valid: exponential, constant"):
+    with pytest.raises(ValueError, match="valid: exponential, linear, cosine, step, constant, adaptive"):
         build_schedule("cosine-ish", p_start=0, p_end=1, base=4, total_steps=5)
 
 
@@ -41,3 +53,59 @@ def test_draw_shares_follow_p():
     assert any(len(set(r)) == 2 for r in docs)
     assert draw_noise(seed=0, step=0, call=0, n_requests=10, k=2, p=0.0) == [(False, False)] * 10
     assert draw_noise(seed=0, step=0, call=0, n_requests=10, k=2, p=1.0) == [(True, True)] * 10
+
+
+def test_linear_cosine_step_values_by_hand():
+    lin = LinearSchedule(p_start=0.1, p_end=0.5, total_steps=4)
+    assert [lin.probability(i) for i in range(6)] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.5])
+    cos = CosineSchedule(p_start=0.0, p_end=0.4, total_steps=4)
+    expected = [0.4 * (1 - math.cos(math.pi * i / 4)) / 2 for i in range(5)]
+    assert [cos.probability(i) for i in range(5)] == pytest.approx(expected)
+    assert cos.probability(2) == pytest.approx(0.2)  # half-way point
+    step = StepSchedule(p_start=0.0, p_end=0.6, total_steps=8, stages=4)
+    # plateaus of 2 steps: 0, 0.2, 0.4, 0.6 (the last step is in the last stage)
+    assert [step.probability(i) for i in range(10)] == pytest.approx(
+        [0, 0, 0.2, 0.2, 0.4, 0.4, 0.6, 0.6, 0.6, 0.6]
+    )
+    assert StepSchedule(p_start=0.0, p_end=0.3, total_steps=5, stages=1).probability(0) == 0.3
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if n != "adaptive"])
+@pytest.mark.parametrize("p_start,p_end", [(0.0, 0.5), (0.2, 0.9), (0.6, 0.1)])
+def test_every_schedule_is_monotone_and_within_bounds(name, p_start, p_end):
+    s = build_schedule(name, p_start=p_start, p_end=p_end, base=4, total_steps=20, stages=3)
+    values = [s.probability(i) for i in range(-2, 30)]
+    lo, hi = min(p_start, p_end), max(p_start, p_end)
+    assert all(lo - 1e-12 <= v <= hi + 1e-12 for v in values)
+    sign = 1 if p_end >= p_start else -1
+    assert all(sign * (b - a) >= -1e-12 for a, b in zip(values, values[1:], strict=False))
+    assert values[-1] == pytest.approx(p_end)
+    if name != "constant":
+        assert values[0] == pytest.approx(p_start)
+
+
+def test_adaptive_raises_on_success_lowers_on_collapse_and_stays_in_bounds():
+    s = AdaptiveSchedule(p_start=0.0, p_end=0.15, window=2, raise_above=0.5, lower_below=0.1, delta=0.1)
+    assert s.probability(0) == 0.0
+    s.observe(0, 0.9)
+    assert s.probability(1) == 0.0  # window not full yet
+    s.observe(0, 0.0)  # the same step again (another micro-batch): ignored
+    s.observe(1, 0.7)
+    assert s.probability(2) == pytest.approx(0.1)
+    s.observe(2, 0.8), s.observe(3, 0.8)
+    assert s.probability(4) == pytest.approx(0.15)  # capped at p_end
+    s.observe(4, 0.3), s.observe(5, 0.3)
+    assert s.probability(6) == pytest.approx(0.15)  # in between: unchanged
+    s.observe(6, 0.0)
+    assert s.probability(7) == pytest.approx(0.15)  # rolling mean of (0.3, 0.0) = 0.15: above lower_below
+    s.observe(7, 0.0)
+    assert s.probability(8) == pytest.approx(0.05)  # rolling mean of (0.0, 0.0): lowered
+    state = s.state_dict()
+    t = AdaptiveSchedule(p_start=0.0, p_end=0.15, window=2, raise_above=0.5, lower_below=0.1, delta=0.1)
+    t.load_state_dict(state)
+    assert t.probability(0) == s.probability(0) and t.recent == s.recent
+    for i in range(8, 12):
+        s.observe(i, 0.0)
+    assert s.probability(12) == 0.0  # floored at p_start
+    with pytest.raises(ValueError, match="lower_below"):
+        AdaptiveSchedule(raise_above=0.1, lower_below=0.2)

@@ -128,12 +128,21 @@ class SearchConfig:
 
 @dataclass
 class CurriculumConfig:
-    schedule: str = "exponential"  # exponential (ZeroSearch) | constant
+    schedule: str = "exponential"  # exponential (ZeroSearch) | linear | cosine | step | constant | adaptive
     p_start: float = 0.0  # noise probability at step 0
     p_end: float = 0.5  # noise probability at the last step (constant: the probability used throughout)
     base: float = 4.0  # exponential base b; larger = noise stays low longer
     total_steps: int | None = None  # steps over which noise rises; None = trainer.max_steps
     granularity: str = "call"  # call (one draw per search: all k noisy or all useful) | document
+    stages: int = 4  # step: number of equal plateaus from p_start to p_end
+    adaptive_window: int = 5  # adaptive: steps in the rolling mean reward
+    adaptive_raise_above: float = (
+        0.5  # adaptive: rolling mean reward at or above this raises p by adaptive_delta
+    )
+    adaptive_lower_below: float = (
+        0.1  # adaptive: rolling mean reward at or below this lowers p by adaptive_delta
+    )
+    adaptive_delta: float = 0.05  # adaptive: change of p per decision (bounded by p_start and p_end)
 
 
 @dataclass
@@ -321,7 +330,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "judge.backend": ("transformers", "openai"),
     "dtype": ("auto", "float32", "bfloat16"),
     "method": ("agent", "rag", "direct"),
-    "curriculum.schedule": ("exponential", "constant"),
+    "curriculum.schedule": ("exponential", "linear", "cosine", "step", "constant", "adaptive"),
     "curriculum.granularity": ("call", "document"),
     "reward.metric": ("em", "f1", "cover_em"),
     "trainer.algorithm": ("grpo", "dr_grpo", "dapo"),

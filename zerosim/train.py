@@ -104,6 +104,22 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
     )
 
 
+def observed_by(schedule, reward_func):
+    """``reward_func``, reporting each step's mean reward to ``schedule.observe`` when it has one (adaptive)."""
+    observe = getattr(schedule, "observe", None)
+    if observe is None:
+        return reward_func
+
+    def reward(*args, trainer_state=None, **kwargs):
+        rewards = reward_func(*args, **kwargs)
+        if trainer_state is not None and rewards:
+            observe(int(trainer_state.global_step), sum(rewards) / len(rewards))
+        return rewards
+
+    reward.__name__ = reward_func.__name__
+    return reward
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
     import os
@@ -128,6 +144,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         p_end=c.p_end,
         base=c.base,
         total_steps=c.total_steps or cfg.trainer.max_steps,
+        stages=c.stages,
+        window=c.adaptive_window,
+        raise_above=c.adaptive_raise_above,
+        lower_below=c.adaptive_lower_below,
+        delta=c.adaptive_delta,
     )
     rollout = SearchRollout(
         tokenizer,
@@ -146,7 +167,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         log_config(cfg)
         trainer = GRPOTrainer(
             model=policy,
-            reward_funcs=[make_reward_func(cfg.reward.metric, cfg.reward.format_weight)],
+            reward_funcs=[
+                observed_by(schedule, make_reward_func(cfg.reward.metric, cfg.reward.format_weight))
+            ],
             args=grpo_args(cfg, output_dir),
             train_dataset=dataset,
             processing_class=tokenizer,
