@@ -119,6 +119,8 @@ class HTTPConfig:
 class SearchConfig:
     engine: str = "simulator"  # simulator | bm25 | dense | hybrid | http — what answers the policy's <search>
     k: int = 3  # documents per search
+    negatives: str = "hard"  # curriculum noise over bm25/dense/hybrid: hard (ranks k+1..depth) / random (corpus) / none (ignore noise)
+    negatives_depth: int = 30  # negatives=hard: retrieve this deep for the noisy slots
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
     dense: DenseConfig = field(default_factory=DenseConfig)
@@ -320,6 +322,7 @@ class SimulatorEvalConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
     "search.engine": ("simulator", "bm25", "dense", "hybrid", "http"),
+    "search.negatives": ("hard", "random", "none"),
     "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
     "search.simulator.backend": ("transformers", "openai"),
     "search.simulator.on_short": ("reask", "fill"),

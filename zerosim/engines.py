@@ -61,6 +61,15 @@ def _dense(cfg: SearchConfig) -> SearchEngine:
     )
 
 
+def with_negatives(retriever: SearchEngine, docs, cfg: SearchConfig, seed: int) -> SearchEngine:
+    """``retriever`` honouring curriculum noise with corpus negatives (``search.negatives``), or as it is."""
+    if cfg.negatives == "none":
+        return retriever
+    from curricula.negatives import CorpusNegatives
+
+    return CorpusNegatives(retriever, docs, mode=cfg.negatives, depth=cfg.negatives_depth, seed=seed)
+
+
 def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto") -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer."""
     if cfg.engine == "simulator":
@@ -95,14 +104,17 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
             engine = CachedSearchEngine(engine, max_entries=sim.cache_size, sqlite_path=sim.cache_path)
         return engine
     if cfg.engine == "bm25":
-        return real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
+        sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
+        return with_negatives(sparse, sparse.docs, cfg, seed)
     if cfg.engine == "dense":
-        return _dense(cfg)
+        dense = _dense(cfg)
+        return with_negatives(dense, dense.docs, cfg, seed)
     if cfg.engine == "hybrid":
         from eval.hybrid import HybridRetriever
 
         sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
-        return HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
+        hybrid = HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
+        return with_negatives(hybrid, sparse.docs, cfg, seed)
     if cfg.engine == "http":
         from zerosim.http_search import HTTPSearchEngine
 
