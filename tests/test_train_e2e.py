@@ -82,3 +82,32 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
     rows = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert rows and {"question", "completion", "golden_answers", "step"} <= set(rows[0])
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "reinforce", "reinforce_pp", "ppo"])
+def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, algorithm):
+    import mlflow
+
+    qa, corpus = qa_file
+    db = tmp_path / "mlflow.db"
+    cmd = [
+        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        f"run.output_dir={tmp_path / 'out'}", "run.name=algo", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        f"trainer.algorithm={algorithm}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
+        "trainer.num_generations=2", "trainer.learning_rate=1e-3", "rollout.max_new_tokens=8", "rollout.max_turns=2",
+        f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=algo", "warmstart.enabled=false",
+        "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    (run,) = mlflow.search_runs(experiment_names=["algo"], output_format="list")
+    assert run.info.status == "FINISHED" and run.data.params["trainer.algorithm"] == algorithm
+    client = mlflow.MlflowClient()
+    for key in ["reward", "entropy", "algorithm/advantage_abs_mean", "search/noisy_doc_share"]:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
+    if algorithm == "ppo":
+        for key in ["critic/value_loss", "critic/explained_variance"]:
+            assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
+        assert (tmp_path / "out" / "algo" / "critic" / "config.json").is_file()

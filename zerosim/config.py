@@ -165,7 +165,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    algorithm: str = "grpo"  # grpo | dr_grpo | dapo (TRL loss types)
+    algorithm: str = "grpo"  # grpo | dr_grpo | dapo (TRL loss types) | rloo | reinforce | reinforce_pp | ppo (critic + GAE)
     max_steps: int = 5  # optimizer steps
     learning_rate: float = 1e-6  # AdamW learning rate
     per_device_train_batch_size: int = 8  # trajectories per device per step (prompts x num_generations)
@@ -176,6 +176,14 @@ class TrainerConfig:
     max_grad_norm: float = 1.0  # gradient clipping
     logging_steps: int = 1  # log every N steps
     save_final: bool = True  # save the final policy checkpoint
+    critic_model: str | None = (
+        None  # ppo: critic LM (HF id, path, smollm2); None = the policy's initial checkpoint
+    )
+    critic_learning_rate: float = 1e-5  # ppo: critic AdamW learning rate
+    critic_epochs: int = 1  # ppo: critic optimizer steps per generation batch
+    gamma: float = 1.0  # ppo: GAE discount over policy tokens (ZeroSearch / Search-R1: 1)
+    lam: float = 1.0  # ppo: GAE lambda (ZeroSearch / Search-R1: 1)
+    value_clip: float = 0.2  # ppo: clip range of the value loss around the old values
 
 
 @dataclass
@@ -336,7 +344,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "curriculum.schedule": ("exponential", "linear", "cosine", "step", "constant", "adaptive"),
     "curriculum.granularity": ("call", "document"),
     "reward.metric": ("em", "f1", "cover_em"),
-    "trainer.algorithm": ("grpo", "dr_grpo", "dapo"),
+    "trainer.algorithm": ("grpo", "dr_grpo", "dapo", "rloo", "reinforce", "reinforce_pp", "ppo"),
 }
 
 

@@ -21,9 +21,7 @@ from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
 from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run
-
-# Our algorithm names → TRL GRPOTrainer loss types.
-LOSS_TYPES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo"}
+from zerosim.trainer import LOSS_TYPES, Critic, SearchTrainer
 
 
 @dataclass
@@ -124,8 +122,6 @@ def train(cfg: TrainConfig) -> TrainResult:
     """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
     import os
 
-    from trl import GRPOTrainer
-
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
@@ -165,7 +161,18 @@ def train(cfg: TrainConfig) -> TrainResult:
     tags = {"zerosim.job": "train", "zerosim.policy_init": policy_model}
     with mlflow_run(cfg.tracking, cfg.run.name, tags=tags) as run:
         log_config(cfg)
-        trainer = GRPOTrainer(
+        t = cfg.trainer
+        critic = None
+        if t.algorithm == "ppo":
+            critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
+        trainer = SearchTrainer(
+            algorithm=t.algorithm,
+            critic=critic,
+            critic_learning_rate=t.critic_learning_rate,
+            gamma=t.gamma,
+            lam=t.lam,
+            value_clip=t.value_clip,
+            critic_epochs=t.critic_epochs,
             model=policy,
             reward_funcs=[
                 observed_by(schedule, make_reward_func(cfg.reward.metric, cfg.reward.format_weight))
@@ -184,6 +191,9 @@ def train(cfg: TrainConfig) -> TrainResult:
             with atomic_directory(checkpoint) as tmp:
                 trainer.save_model(str(tmp))
                 tokenizer.save_pretrained(str(tmp))
+            if critic is not None:
+                with atomic_directory(output_dir / "critic") as tmp:
+                    trainer.save_critic(tmp)
             import mlflow
 
             mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))

@@ -1,0 +1,104 @@
+"""Advantage estimators and losses against hand-computed values (masked positions included)."""
+
+import math
+
+import pytest
+import torch
+
+from zerosim.algorithms import (
+    gae,
+    grpo_advantages,
+    masked_mean,
+    outcome_token_rewards,
+    reinforce_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    value_loss,
+    whiten,
+)
+
+
+def t(*xs):
+    return torch.tensor(xs, dtype=torch.float32)
+
+
+def test_grpo_and_dr_grpo():
+    r = t(1.0, 0.0, 0.0, 1.0, 1.0, 1.0)  # two groups of 3
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # unbiased std of (1, 0, 0)
+    expected = [(2 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4), 0.0, 0.0, 0.0]
+    assert grpo_advantages(r, 3).tolist() == pytest.approx(expected, rel=1e-5)
+    assert grpo_advantages(r, 3, scale=False).tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0, 0, 0])
+
+
+def test_rloo_leave_one_out():
+    r = t(1.0, 0.0, 0.5, 0.0)  # two groups of 2: baseline is the other member
+    assert rloo_advantages(r, 2).tolist() == pytest.approx([1.0, -1.0, 0.5, -0.5])
+    r3 = t(3.0, 0.0, 0.0)
+    # A_0 = 3 - (0+0)/2 = 3; A_1 = 0 - (3+0)/2 = -1.5
+    assert rloo_advantages(r3, 3).tolist() == pytest.approx([3.0, -1.5, -1.5])
+    # = G/(G-1) (r - mean)
+    assert rloo_advantages(r3, 3).tolist() == pytest.approx((1.5 * (r3 - r3.mean())).tolist())
+    with pytest.raises(ValueError, match="at least 2"):
+        rloo_advantages(t(1.0), 1)
+    with pytest.raises(ValueError, match="groups of 2"):
+        rloo_advantages(t(1.0, 2.0, 3.0), 2)
+    # an unscorable trajectory gets 0 and counts as reward 0 for its group mates
+    assert rloo_advantages(t(float("nan"), 1.0), 2).tolist() == pytest.approx([0.0, 1.0])
+
+
+def test_reinforce_and_reinforce_pp():
+    r = t(1.0, 0.0, 0.0, 1.0)
+    assert reinforce_advantages(r).tolist() == [1.0, 0.0, 0.0, 1.0]
+    std = math.sqrt(4 * 0.25 / 3)
+    expected = [(x - 0.5) / (std + 1e-4) for x in (1.0, 0.0, 0.0, 1.0)]
+    assert reinforce_pp_advantages(r).tolist() == pytest.approx(expected, rel=1e-5)
+    assert reinforce_pp_advantages(t(0.7)).tolist() == [0.0]
+    assert reinforce_advantages(t(float("nan"))).tolist() == [0.0]
+
+
+def test_gae_skips_environment_tokens():
+    # one row: policy, policy, env, env, policy, pad ; reward 1 on the last policy token
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    values = t(0.5, 0.6, 9.0, 9.0, 0.8, 9.0).unsqueeze(0)  # values on masked positions must not matter
+    rewards = outcome_token_rewards(t(1.0), mask)
+    assert rewards.tolist() == [[0, 0, 0, 0, 1.0, 0]]
+    gamma, lam = 0.9, 0.5
+    # steps: t0 (V .5) -> t1 (V .6) -> t4 (V .8) -> end
+    d4 = 1.0 + 0 - 0.8
+    d1 = 0 + gamma * 0.8 - 0.6
+    d0 = 0 + gamma * 0.6 - 0.5
+    a4 = d4
+    a1 = d1 + gamma * lam * a4
+    a0 = d0 + gamma * lam * a1
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    assert adv.tolist()[0] == pytest.approx([a0, a1, 0, 0, a4, 0])
+    assert ret.tolist()[0] == pytest.approx([a0 + 0.5, a1 + 0.6, 0, 0, a4 + 0.8, 0])
+    # gamma = lambda = 1 (the papers' setting): every policy token's advantage is R - V(t)
+    adv1, ret1 = gae(rewards, values, mask, 1.0, 1.0)
+    assert adv1.tolist()[0] == pytest.approx([0.5, 0.4, 0, 0, 0.2, 0])
+    assert ret1.tolist()[0] == pytest.approx([1.0, 1.0, 0, 0, 1.0, 0])
+
+
+def test_gae_batch_rows_are_independent():
+    mask = torch.tensor([[1, 1, 1], [0, 1, 0]])
+    values = torch.zeros(2, 3)
+    rewards = outcome_token_rewards(t(2.0, 3.0), mask)
+    assert rewards.tolist() == [[0, 0, 2.0], [0, 3.0, 0]]
+    adv, _ = gae(rewards, values, mask, 1.0, 1.0)
+    assert adv.tolist() == [[2.0, 2.0, 2.0], [0.0, 3.0, 0.0]]
+    with pytest.raises(ValueError, match="shapes differ"):
+        gae(rewards, values[:, :2], mask, 1.0, 1.0)
+    # a row with no policy token gets no reward at all
+    assert outcome_token_rewards(t(5.0), torch.tensor([[0, 0]])).tolist() == [[0.0, 0.0]]
+
+
+def test_value_loss_clipping_and_mask():
+    mask = torch.tensor([[1, 1, 0]])
+    old = t(0.0, 0.0, 0.0).unsqueeze(0)
+    new = t(1.0, -0.1, 5.0).unsqueeze(0)
+    ret = t(1.0, 0.0, 100.0).unsqueeze(0)
+    # token 0: unclipped (1-1)^2=0, clipped (0.2-1)^2=0.64 -> max 0.64 ; token 1: (-0.1)^2=0.01 both ; token 2 masked
+    assert value_loss(new, old, ret, mask, clip=0.2).item() == pytest.approx(0.5 * (0.64 + 0.01) / 2)
+    assert masked_mean(t(1.0, 3.0), torch.tensor([0, 1])).item() == 3.0
+    w = whiten(t(1.0, 3.0, 100.0).unsqueeze(0), torch.tensor([[1, 1, 0]]))
+    assert w.tolist()[0] == pytest.approx([-1.0, 1.0, 0.0], abs=1e-3)

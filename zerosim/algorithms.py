@@ -1,0 +1,134 @@
+"""Advantage estimators and losses of the RL algorithms, one short function each, formula in the docstring.
+
+Shapes: ``rewards`` is ``(B,)`` with the ``G`` trajectories of a prompt contiguous (``B = P·G``, TRL's
+layout). Token-level tensors are ``(B, T)`` over completion tokens; ``mask`` is 1 on tokens the policy
+wrote and 0 on environment tokens (``<information>`` blocks) and padding. NaN rewards (unscorable
+trajectories) get advantage 0.
+
+GRPO, Dr. GRPO and DAPO advantages are TRL's (group mean, optionally / group std); the others are here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EPS = 1e-4
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True) -> torch.Tensor:
+    """GRPO: ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)`` (``scale=False``: Dr. GRPO, no division).
+
+    ``std_g`` is the unbiased group standard deviation, as TRL computes it.
+    """
+    g = _grouped(rewards, group_size)
+    adv = g - g.nanmean(dim=1, keepdim=True)
+    if scale:
+        adv = adv / (g.std(dim=1, keepdim=True) + EPS)
+    return torch.nan_to_num(adv.reshape(-1), nan=0.0)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO: each trajectory's baseline is the mean of the *other* ``G-1`` in its group.
+
+    ``A_i = r_i - (Σ_{j≠i} r_j) / (G-1) = G/(G-1) · (r_i - mean_g(r))``. Needs ``G ≥ 2``.
+    """
+    if group_size < 2:
+        raise ValueError("RLOO needs at least 2 trajectories per prompt (trainer.num_generations >= 2)")
+    g = torch.nan_to_num(_grouped(rewards, group_size), nan=0.0)
+    others = (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    adv = g - others
+    return adv.reshape(-1).masked_fill(torch.isnan(rewards), 0.0)
+
+
+def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE without a baseline (ZeroSearch's variant): ``A_i = r_i``."""
+    return torch.nan_to_num(rewards.clone(), nan=0.0)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++: advantages normalised over the whole batch, no groups.
+
+    ``A_i = (r_i - mean_B(r)) / (std_B(r) + eps)`` (unbiased std; a batch of one gets 0).
+    """
+    valid = rewards[~torch.isnan(rewards)]
+    if valid.numel() < 2:
+        return torch.zeros_like(rewards)
+    adv = (rewards - valid.mean()) / (valid.std() + EPS)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the policy's own tokens; environment tokens are skipped.
+
+    Walking the masked-in positions ``t_1 < t_2 < … < t_n`` of a row (``mask = 1``) as consecutive steps:
+    ``δ_t = r_t + γ V(t') - V(t)`` with ``t'`` the next masked-in position (``V = 0`` after the last one),
+    ``A_t = δ_t + γλ A_{t'}``, returns ``R_t = A_t + V(t)``. Masked-out positions get ``A = R = 0``,
+    and a reward placed on one is ignored (place rewards on policy tokens).
+    Returns ``(advantages, returns)``, both ``(B, T)``.
+    """
+    if not (rewards.shape == values.shape == mask.shape):
+        raise ValueError(f"shapes differ: rewards {rewards.shape}, values {values.shape}, mask {mask.shape}")
+    m = mask.bool()
+    adv = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(m[:, t], a, torch.zeros_like(a))
+        next_adv = torch.where(m[:, t], a, next_adv)
+        next_value = torch.where(m[:, t], values[:, t], next_value)
+    returns = torch.where(m, adv + values, torch.zeros_like(values))
+    return adv, returns
+
+
+def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` token rewards: each trajectory's reward on its last policy token (``mask = 1``), 0 elsewhere."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    out[rows, last[rows]] = torch.nan_to_num(rewards.float(), nan=0.0)[rows]
+    return out
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask = 1`` (0 when there are none)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over masked-in positions; masked-out positions stay 0."""
+    m = mask.to(x.dtype)
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) / (var.sqrt() + EPS) * m
+
+
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """PPO's clipped value loss over masked-in tokens.
+
+    ``V_clip = V_old + clamp(V - V_old, -c, c)``;
+    ``L = ½ · mean_mask( max((V - R)², (V_clip - R)²) )``.
+    """
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    loss = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, mask)
+
+
+ADVANTAGES = {
+    "rloo": lambda rewards, group_size: rloo_advantages(rewards, group_size),
+    "reinforce": lambda rewards, group_size: reinforce_advantages(rewards),
+    "reinforce_pp": lambda rewards, group_size: reinforce_pp_advantages(rewards),
+}

@@ -1,0 +1,167 @@
+"""The RL trainer: TRL's ``GRPOTrainer`` (rollout, loss, KL, logging) with our advantage estimators and PPO.
+
+TRL computes rewards and GRPO-family advantages; for the other algorithms this subclass keeps TRL's
+rewards (gathered across ranks, exactly what TRL's own advantages see) and replaces the advantages:
+
+- ``rloo``, ``reinforce``, ``reinforce_pp`` — sequence advantages from :mod:`zerosim.algorithms`;
+- ``ppo`` — a separate critic (a small LM with a one-output token-classification head, its own AdamW and
+  learning rate) values every completion token; GAE over the policy's tokens only (environment tokens are
+  skipped, see :func:`zerosim.algorithms.gae`) gives per-token advantages (whitened) and returns; the critic
+  then takes ``critic_epochs`` clipped-value-loss steps on that batch. The policy loss is TRL's clipped
+  surrogate with those per-token advantages (TRL accepts ``(B, T)`` advantages).
+
+The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` tokens never contribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from zerosim.algorithms import ADVANTAGES, gae, masked_mean, outcome_token_rewards, value_loss, whiten
+
+# Our algorithm names → the TRL loss type that aggregates the per-token surrogate.
+LOSS_TYPES = {
+    "grpo": "grpo",
+    "dr_grpo": "dr_grpo",
+    "dapo": "dapo",
+    "rloo": "dapo",  # token-level mean over the batch: each token of a long answer counts once
+    "reinforce": "dapo",
+    "reinforce_pp": "dapo",
+    "ppo": "dapo",
+}
+
+
+class Critic(torch.nn.Module):
+    """Value model: a causal LM body with a scalar head per token (``AutoModelForTokenClassification``)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype: str = "auto") -> Critic:
+        from transformers import AutoModelForTokenClassification
+
+        from zerosim.models import default_dtype, resolve_model
+
+        model = AutoModelForTokenClassification.from_pretrained(
+            resolve_model(name_or_path), num_labels=1, dtype=default_dtype(dtype)
+        )
+        torch.nn.init.zeros_(model.score.weight)  # start from V = 0 everywhere: no random value signal
+        if getattr(model.score, "bias", None) is not None:
+            torch.nn.init.zeros_(model.score.bias)
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = model.config.eos_token_id
+        return cls(model)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int
+    ) -> torch.Tensor:
+        """Values ``(B, T)`` of the completion tokens: ``V`` of the state each token is written from."""
+        scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)
+        return scores[:, -completion_length - 1 : -1].float()
+
+
+class SearchTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with ``algorithm`` in grpo | dr_grpo | dapo | rloo | reinforce | reinforce_pp | ppo."""
+
+    def __init__(
+        self,
+        *args: Any,
+        algorithm: str = "grpo",
+        critic: Critic | None = None,
+        critic_learning_rate: float = 1e-5,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        value_clip: float = 0.2,
+        critic_epochs: int = 1,
+        **kwargs: Any,
+    ):
+        if algorithm not in LOSS_TYPES:
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(LOSS_TYPES)}")
+        if algorithm == "ppo" and critic is None:
+            raise ValueError("algorithm=ppo needs a critic (Critic.from_pretrained)")
+        super().__init__(*args, **kwargs)
+        self.algorithm = algorithm
+        self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
+        self.critic = critic
+        self.critic_optimizer = None
+        if critic is not None:
+            critic.to(self.accelerator.device)
+            self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_learning_rate)
+        self._last_rewards: torch.Tensor | None = None
+
+    # -- rewards: keep what TRL's advantage computation sees -------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        self._last_rewards = rewards
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.algorithm in ("grpo", "dr_grpo", "dapo"):
+            return output
+        rewards = self._last_rewards
+        local = output["completion_ids"].shape[0]
+        start = self.accelerator.process_index * local
+        if self.algorithm in ADVANTAGES:
+            advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
+            output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
+        else:  # ppo
+            output.update(self._ppo_advantages(output, rewards[start : start + local]))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["algorithm/advantage_abs_mean"].append(output["advantages"].abs().mean().item())
+        return output
+
+    # -- PPO -----------------------------------------------------------------------------------------------
+    def _critic_inputs(self, output) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        return input_ids, attention, mask
+
+    def _ppo_advantages(self, output, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+        input_ids, attention, mask = self._critic_inputs(output)
+        T = output["completion_ids"].shape[1]
+        with torch.no_grad():
+            values = self.critic(input_ids, attention, T)
+        token_rewards = outcome_token_rewards(rewards.to(values.device), mask)
+        advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
+        advantages = whiten(advantages, mask)
+        stats = self._update_critic(input_ids, attention, mask, values, returns, T)
+        mode = "train" if self.model.training else "eval"
+        for name, value in stats.items():
+            self._metrics[mode][name].append(value)
+        return {"advantages": advantages.to(output["advantages"].dtype)}
+
+    def _update_critic(self, input_ids, attention, mask, old_values, returns, T) -> dict[str, float]:
+        self.critic.train()
+        losses = []
+        for _ in range(self.critic_epochs):
+            values = self.critic(input_ids, attention, T)
+            loss = value_loss(values, old_values, returns, mask, self.value_clip)
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
+            self.critic_optimizer.step()
+            losses.append(loss.item())
+        explained = 1 - masked_mean((returns - old_values) ** 2, mask) / (
+            masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8
+        )
+        return {
+            "critic/value_loss": sum(losses) / len(losses),
+            "critic/value_mean": masked_mean(old_values, mask).item(),
+            "critic/explained_variance": explained.item(),
+        }
+
+    def save_critic(self, path) -> None:
+        if self.critic is not None:
+            self.critic.model.save_pretrained(str(path))
