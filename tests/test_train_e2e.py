@@ -111,3 +111,49 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
         for key in ["critic/value_loss", "critic/explained_variance"]:
             assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
         assert (tmp_path / "out" / "algo" / "critic" / "config.json").is_file()
+
+
+def test_resume_after_sigkill_loses_no_completed_step(tmp_path, tiny_model_dir, qa_file):
+    import os
+    import signal
+    import time
+
+    import mlflow
+
+    qa, corpus = qa_file
+    db = tmp_path / "mlflow.db"
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        f"run.output_dir={out}", "run.name=res", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        "trainer.algorithm=ppo", "trainer.max_steps=6", "trainer.save_steps=1", "trainer.save_total_limit=3",
+        "trainer.per_device_train_batch_size=4", "trainer.num_generations=2", "rollout.max_new_tokens=8",
+        "rollout.max_turns=2", "curriculum.schedule=adaptive", f"tracking.tracking_uri=sqlite:///{db}",
+        "tracking.experiment=res", "warmstart.enabled=false",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 600
+    while not (out / "res" / "checkpoint-2" / "zerosim_state.pt").is_file():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint-2 within 10 minutes"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # no clean-up of any kind
+    proc.wait()
+    proc.stderr.close()
+    from zerosim.train import last_complete_checkpoint
+
+    done = int(last_complete_checkpoint(out / "res").name.rpartition("-")[2])
+    assert 2 <= done < 6
+
+    resumed = subprocess.run([*cmd, "resume=true"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    (run,) = mlflow.search_runs(experiment_names=["res"], output_format="list")  # the same run, continued
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["zerosim.resumed_from"].endswith(f"checkpoint-{done}")
+    steps = [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "reward")]
+    assert set(steps) == {1, 2, 3, 4, 5, 6}  # every step, none lost (one in flight at the kill may repeat)
+    assert sorted(steps)[:done] == list(range(1, done + 1))  # completed steps were not redone
+    state = json.loads((out / "res" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["global_step"] == 6

@@ -44,8 +44,10 @@ def train(
     from zerosim.config import ConfigError, load_config
     from zerosim.models import ModelError
 
+    # `resume=true` is short for run.resume=true
+    overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = load_config(config, overrides)
     except ConfigError as exc:
         _fail(str(exc))
     from zerosim.train import train as run_training

@@ -28,6 +28,7 @@ class RunConfig:
     name: str = "zerosim"  # run name (MLflow run name, output sub-folder)
     seed: int = 0  # seeds torch, numpy, the curriculum draws and the simulator
     output_dir: str = "outputs"  # checkpoints go to <output_dir>/<name>
+    resume: bool = False  # continue from the last complete checkpoint in <output_dir>/<name> (same MLflow run); `resume=true` works too
 
 
 @dataclass
@@ -176,6 +177,8 @@ class TrainerConfig:
     max_grad_norm: float = 1.0  # gradient clipping
     logging_steps: int = 1  # log every N steps
     save_final: bool = True  # save the final policy checkpoint
+    save_steps: int = 0  # save a resumable checkpoint (model, optimizer, scheduler, RNG, curriculum) every N steps; 0 = never
+    save_total_limit: int = 2  # resumable checkpoints kept (older ones deleted)
     critic_model: str | None = (
         None  # ppo: critic LM (HF id, path, smollm2); None = the policy's initial checkpoint
     )

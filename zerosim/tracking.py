@@ -27,13 +27,24 @@ def configure(tracking: TrackingConfig) -> None:
 
 @contextlib.contextmanager
 def mlflow_run(
-    tracking: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None
+    tracking: TrackingConfig,
+    run_name: str,
+    tags: Mapping[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Iterator[Any]:
-    """Start (and always end) an MLflow run; a failure marks the run FAILED instead of leaving it RUNNING."""
+    """Start (and always end) an MLflow run; a failure marks the run FAILED instead of leaving it RUNNING.
+
+    With ``run_id`` the existing run is continued (a resumed training job logs into its first run).
+    """
     import mlflow
 
     configure(tracking)
-    run = mlflow.start_run(run_name=run_name, tags=dict(tags or {}))
+    if run_id is not None:
+        run = mlflow.start_run(run_id=run_id)
+        if tags:
+            mlflow.set_tags(dict(tags))
+    else:
+        run = mlflow.start_run(run_name=run_name, tags=dict(tags or {}))
     try:
         yield run
     except BaseException:

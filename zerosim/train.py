@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import TrainerCallback
 
 from curricula import build_schedule
 from zerosim.config import TrainConfig
 from zerosim.data.embedded import load_questions
 from zerosim.engines import build_search_engine
-from zerosim.fsutil import atomic_directory
+from zerosim.fsutil import atomic_directory, atomic_write_text
 from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
@@ -76,7 +77,10 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         max_completion_length=cfg.rollout.max_completion_tokens,
         logging_steps=t.logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if t.save_steps > 0 else "no",
+        save_steps=max(t.save_steps, 1),
+        save_total_limit=t.save_total_limit,
+        save_only_model=False,  # optimizer, scheduler and RNG states too: what a resume needs
         report_to=["mlflow"],
         use_cpu=not on_gpu,
         bf16=on_gpu,
@@ -100,6 +104,75 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
         tracking=cfg.tracking,
         output_dir=output_dir / "warmstart",
     )
+
+
+STATE_FILE = "zerosim_state.pt"  # our part of a resumable checkpoint (curriculum, critic)
+RUN_FILE = "mlflow_run.json"  # <output_dir>/<name>/mlflow_run.json: the run a resume continues
+
+
+def last_complete_checkpoint(output_dir: Path) -> Path | None:
+    """The newest ``checkpoint-N`` holding the trainer state and ours (both are written last)."""
+    found = []
+    for path in output_dir.glob("checkpoint-*"):
+        step = path.name.rpartition("-")[2]
+        if step.isdigit() and (path / "trainer_state.json").is_file() and (path / STATE_FILE).is_file():
+            found.append((int(step), path))
+    return max(found)[1] if found else None
+
+
+class ZerosimState(TrainerCallback):
+    """A ``TrainerCallback`` saving what transformers does not into each checkpoint: the curriculum state
+    (adaptive schedules) and the PPO critic with its optimizer. Written atomically, after the trainer's
+    own files, so a checkpoint with this file is complete."""
+
+    def __init__(self, schedule, trainer_ref):
+        self.schedule = schedule
+        self.trainer_ref = trainer_ref  # a one-element list: the trainer exists after the callback
+
+    def on_save(self, args, state, control, **kwargs):
+        import os
+        import tempfile
+
+        trainer = self.trainer_ref[0]
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        payload = {"global_step": state.global_step}
+        if hasattr(self.schedule, "state_dict"):
+            payload["schedule"] = self.schedule.state_dict()
+        if getattr(trainer, "critic", None) is not None:
+            payload["critic"] = trainer.critic.state_dict()
+            payload["critic_optimizer"] = trainer.critic_optimizer.state_dict()
+        fd, tmp = tempfile.mkstemp(
+            prefix="tmp-state-", suffix=".pt", dir=checkpoint
+        )  # torch wants a plain name
+        os.close(fd)
+        torch.save(payload, tmp)
+        os.replace(tmp, checkpoint / STATE_FILE)
+        return control
+
+    def load(self, checkpoint: Path) -> None:
+        payload = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+        if "schedule" in payload:
+            self.schedule.load_state_dict(payload["schedule"])
+        trainer = self.trainer_ref[0]
+        if "critic" in payload and getattr(trainer, "critic", None) is not None:
+            trainer.critic.load_state_dict(payload["critic"])
+            trainer.critic_optimizer.load_state_dict(payload["critic_optimizer"])
+
+
+def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str | None]:
+    """``(checkpoint, mlflow run id)`` to continue from, or ``(None, None)`` for a fresh run."""
+    import json
+
+    if not cfg.run.resume:
+        return None, None
+    checkpoint = last_complete_checkpoint(output_dir)
+    run_file = output_dir / RUN_FILE
+    if checkpoint is None or not run_file.is_file():
+        raise FileNotFoundError(
+            f"resume=true but {output_dir} holds no complete checkpoint-N (with {STATE_FILE}) and {RUN_FILE}; "
+            "a run saves them when trainer.save_steps > 0. Start it without resume=true."
+        )
+    return checkpoint, json.loads(run_file.read_text())["run_id"]
 
 
 def observed_by(schedule, reward_func):
@@ -159,9 +232,20 @@ def train(cfg: TrainConfig) -> TrainResult:
     )
 
     tags = {"zerosim.job": "train", "zerosim.policy_init": policy_model}
-    with mlflow_run(cfg.tracking, cfg.run.name, tags=tags) as run:
-        log_config(cfg)
+    checkpoint_in, run_id = resume_point(cfg, output_dir)
+    with mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) as run:
+        if checkpoint_in is None:
+            import json
+
+            log_config(cfg)
+            atomic_write_text(output_dir / RUN_FILE, json.dumps({"run_id": run.info.run_id}))
+        else:
+            import mlflow
+
+            mlflow.set_tag("zerosim.resumed_from", str(checkpoint_in.resolve()))
         t = cfg.trainer
+        trainer_ref: list = []
+        state_callback = ZerosimState(schedule, trainer_ref)
         critic = None
         if t.algorithm == "ppo":
             critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
@@ -181,8 +265,12 @@ def train(cfg: TrainConfig) -> TrainResult:
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=rollout,
+            callbacks=[state_callback],
         )
-        trainer.train()
+        trainer_ref.append(trainer)
+        if checkpoint_in is not None:
+            state_callback.load(checkpoint_in)
+        trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
         log_jsonl(rollout.samples, "samples/trajectories.jsonl")
         log_training_curves(trainer.state.log_history)
         checkpoint = None
