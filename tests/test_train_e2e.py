@@ -105,7 +105,14 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
     (run,) = mlflow.search_runs(experiment_names=["algo"], output_format="list")
     assert run.info.status == "FINISHED" and run.data.params["trainer.algorithm"] == algorithm
     client = mlflow.MlflowClient()
-    for key in ["reward", "entropy", "algorithm/advantage_abs_mean", "search/noisy_doc_share"]:
+    for key in [
+        "reward",
+        "entropy",
+        "algorithm/advantage_abs_mean",
+        "search/noisy_doc_share",
+        "time/reward_s",
+        "time/update_s",
+    ]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
     if algorithm == "ppo":
         for key in ["critic/value_loss", "critic/explained_variance"]:

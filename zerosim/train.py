@@ -175,15 +175,19 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
     return checkpoint, json.loads(run_file.read_text())["run_id"]
 
 
-def observed_by(schedule, reward_func):
-    """``reward_func``, reporting each step's mean reward to ``schedule.observe`` when it has one (adaptive)."""
-    observe = getattr(schedule, "observe", None)
-    if observe is None:
-        return reward_func
+def instrumented(schedule, reward_func):
+    """``reward_func`` timed (``time/reward_s``) and, for schedules with ``observe`` (adaptive), reporting
+    each step's mean reward to the schedule."""
+    import time
 
-    def reward(*args, trainer_state=None, **kwargs):
+    observe = getattr(schedule, "observe", None)
+
+    def reward(*args, trainer_state=None, log_metric=None, **kwargs):
+        started = time.perf_counter()
         rewards = reward_func(*args, **kwargs)
-        if trainer_state is not None and rewards:
+        if log_metric is not None:
+            log_metric("time/reward_s", time.perf_counter() - started)
+        if observe is not None and trainer_state is not None and rewards:
             observe(int(trainer_state.global_step), sum(rewards) / len(rewards))
         return rewards
 
@@ -259,7 +263,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             critic_epochs=t.critic_epochs,
             model=policy,
             reward_funcs=[
-                observed_by(schedule, make_reward_func(cfg.reward.metric, cfg.reward.format_weight))
+                instrumented(schedule, make_reward_func(cfg.reward.metric, cfg.reward.format_weight))
             ],
             args=grpo_args(cfg, output_dir),
             train_dataset=dataset,

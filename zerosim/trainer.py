@@ -15,6 +15,7 @@ The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -103,7 +104,23 @@ class SearchTrainer(GRPOTrainer):
         self._last_rewards = rewards
         return rewards_per_func
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Times the update: the micro-step minus the rollout and scoring done inside it (``time/update_s``)."""
+        started = time.perf_counter()
+        self._scoring_seconds = 0.0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        update = time.perf_counter() - started - self._scoring_seconds
+        self._metrics["train"]["time/update_s"].append(update)
+        return loss
+
     def _generate_and_score_completions(self, inputs):
+        started = time.perf_counter()
+        try:
+            return self._score(inputs)
+        finally:
+            self._scoring_seconds = getattr(self, "_scoring_seconds", 0.0) + time.perf_counter() - started
+
+    def _score(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.algorithm in ("grpo", "dr_grpo", "dapo"):
             return output
