@@ -98,6 +98,7 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
         "trainer.num_generations=2", "trainer.learning_rate=1e-3", "rollout.max_new_tokens=8", "rollout.max_turns=2",
         f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=algo", "warmstart.enabled=false",
         "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
+        "reward.step_gain_weight=0.5", "reward.step_redundancy_weight=0.1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -112,6 +113,7 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
         "search/noisy_doc_share",
         "time/reward_s",
         "time/update_s",
+        "rollout/step_reward_per_traj",
     ]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
     if algorithm == "ppo":

@@ -162,6 +162,10 @@ class RolloutConfig:
 class RewardConfig:
     metric: str = "em"  # em | f1 | cover_em — outcome reward from the final <answer>
     format_weight: float = 0.0  # λ of Search-R1's format-shaped reward (0 = outcome only; 0.2 in their runs)
+    step_gain_weight: float = 0.0  # StepSearch-style: weight of each search's TF-IDF information gain toward the gold answer (0 = off)
+    step_redundancy_weight: float = (
+        0.0  # StepSearch-style: weight of the penalty for documents already seen (0 = off)
+    )
 
 
 @dataclass

@@ -49,10 +49,14 @@ def format_shaped(outcome: float, answered: bool, valid_format: bool, weight: fl
     return (1 - weight) * outcome + (weight / 2) * (1 - outcome)
 
 
-def make_reward_func(metric: str, format_weight: float = 0.0) -> Callable[..., list[float]]:
+def make_reward_func(
+    metric: str, format_weight: float = 0.0, step_rewards: bool = False
+) -> Callable[..., list[float]]:
     """A TRL reward function scoring the rollout's ``final_answer`` against ``golden_answers``.
 
     With ``format_weight`` > 0 the outcome is shaped by the trajectory's format (:func:`format_shaped`).
+    With ``step_rewards`` the rollout's per-search rewards (``step_reward_total``) are added: sequence-level
+    algorithms see their sum; PPO puts each on its ``</search>`` token instead (``zerosim.trainer``).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown reward metric {metric!r}; valid: {', '.join(METRICS)}")
@@ -63,12 +67,15 @@ def make_reward_func(metric: str, format_weight: float = 0.0) -> Callable[..., l
         prompts, completions, final_answer, golden_answers, valid_format=None, **kwargs
     ) -> list[float]:
         outcomes = [answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)]
-        if not format_weight:
-            return outcomes
-        return [
-            format_shaped(r, a is not None, bool(v), format_weight)
-            for r, a, v in zip(outcomes, final_answer, valid_format, strict=True)
-        ]
+        if format_weight:
+            outcomes = [
+                format_shaped(r, a is not None, bool(v), format_weight)
+                for r, a, v in zip(outcomes, final_answer, valid_format, strict=True)
+            ]
+        if step_rewards:
+            totals = kwargs.get("step_reward_total") or [0.0] * len(outcomes)
+            outcomes = [r + s for r, s in zip(outcomes, totals, strict=True)]
+        return outcomes
 
     reward.__name__ = metric  # TRL logs it as rewards/<name>/mean
     return reward

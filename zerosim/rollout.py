@@ -80,6 +80,9 @@ class Trajectory:
     finish: str = ""  # answer | eos | no_answer | max_tokens
     events: list[dict[str, Any]] = field(default_factory=list)
     retrieved: list[Document] = field(default_factory=list)  # every document shown, in order
+    search_docs: list[list[Document]] = field(default_factory=list)  # per search, its documents
+    search_close: list[int] = field(default_factory=list)  # per search, index of its closing policy token
+    step_rewards: list[float] = field(default_factory=list)  # per search (StepSearch-style), when enabled
 
     @property
     def done(self) -> bool:
@@ -147,6 +150,7 @@ class SearchRollout:
         seed: int = 0,
         granularity: str = "call",
         num_samples: int = 4,
+        step_rewards: tuple[float, float] | None = None,
     ):
         self.tokenizer = tokenizer
         self.engine = engine
@@ -157,6 +161,8 @@ class SearchRollout:
         self.seed = seed
         self.granularity = granularity
         self.num_samples = num_samples
+        self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
+        self.last_step_rewards: list[list[tuple[int, float]]] = []  # per trajectory of the last batch
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
         self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
         self._eos_ids = [tokenizer.eos_token_id]
@@ -190,6 +196,7 @@ class SearchRollout:
             "final_answer": [t.answer for t in trajectories],
             "num_searches": [t.searches for t in trajectories],
             "valid_format": [t.valid_format for t in trajectories],
+            "step_reward_total": [sum(t.step_rewards) for t in trajectories],
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -258,6 +265,22 @@ class SearchRollout:
                 # Generation stopped at </answer>, before the turn's EOS. Close the turn (masked, never trained)
                 # so the trainer sees a finished sequence rather than a truncated one.
                 traj.add_environment(self._eos_ids[:1])
+        if self.step_rewards is not None:
+            from zerosim.step_rewards import search_step_rewards
+
+            gain, redundancy = self.step_rewards
+            for traj in trajectories:
+                traj.step_rewards = search_step_rewards(
+                    traj.search_docs, " ".join(traj.answers), gain_weight=gain, redundancy_weight=redundancy
+                )
+        self.last_step_rewards = [
+            [
+                (i, r)
+                for i, r in zip(t.search_close, t.step_rewards, strict=False)
+                if i < len(t.completion_ids)
+            ]
+            for t in trajectories
+        ]
         return trajectories, timing
 
     def _search(self, searching: list[tuple[Trajectory, str]], step: int, call: int, p_noise: float) -> None:
@@ -281,6 +304,8 @@ class SearchRollout:
             if not docs:
                 raise SearchError(f"search engine returned no documents for query {query!r}")
             traj.searches += 1
+            traj.search_close.append(len(traj.completion_ids) - 1)  # the token that closed </search>
+            traj.search_docs.append(list(docs))
             traj.documents += len(docs)
             traj.noisy_documents += sum(d.noisy is True for d in docs)
             traj.retrieved.extend(docs)
@@ -308,6 +333,11 @@ class SearchRollout:
             "rollout/policy_tokens_per_traj": sum(sum(t.env_mask) for t in trajectories) / n,
             "time/generate_s": timing.get("generate", 0.0),
             "time/search_s": timing.get("search", 0.0),
+            **(
+                {"rollout/step_reward_per_traj": sum(sum(t.step_rewards) for t in trajectories) / n}
+                if self.step_rewards is not None
+                else {}
+            ),
         }
 
     def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:

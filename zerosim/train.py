@@ -175,6 +175,14 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
     return checkpoint, json.loads(run_file.read_text())["run_id"]
 
 
+def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
+    """(gain, redundancy) weights of the StepSearch-style step rewards, or None when both are 0."""
+    r = cfg.reward
+    if r.step_gain_weight == 0 and r.step_redundancy_weight == 0:
+        return None
+    return r.step_gain_weight, r.step_redundancy_weight
+
+
 def instrumented(schedule, reward_func):
     """``reward_func`` timed (``time/reward_s``) and, for schedules with ``observe`` (adaptive), reporting
     each step's mean reward to the schedule."""
@@ -233,6 +241,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         seed=cfg.run.seed,
         granularity=c.granularity,
         num_samples=cfg.tracking.num_sample_trajectories,
+        step_rewards=step_weights(cfg),
     )
 
     tags = {"zerosim.job": "train", "zerosim.policy_init": policy_model}
@@ -263,7 +272,14 @@ def train(cfg: TrainConfig) -> TrainResult:
             critic_epochs=t.critic_epochs,
             model=policy,
             reward_funcs=[
-                instrumented(schedule, make_reward_func(cfg.reward.metric, cfg.reward.format_weight))
+                instrumented(
+                    schedule,
+                    make_reward_func(
+                        cfg.reward.metric,
+                        cfg.reward.format_weight,
+                        step_rewards=step_weights(cfg) is not None,
+                    ),
+                )
             ],
             args=grpo_args(cfg, output_dir),
             train_dataset=dataset,

@@ -150,7 +150,18 @@ class SearchTrainer(GRPOTrainer):
         T = output["completion_ids"].shape[1]
         with torch.no_grad():
             values = self.critic(input_ids, attention, T)
-        token_rewards = outcome_token_rewards(rewards.to(values.device), mask)
+        rewards = rewards.to(values.device).clone()
+        steps = getattr(self.rollout_func, "last_step_rewards", None) or []
+        placed = torch.zeros_like(values)
+        if len(steps) == len(rewards):
+            # step rewards sit on their </search> tokens; the reward function added their sum to the
+            # trajectory reward, so take it back off the last token
+            for row, items in enumerate(steps):
+                for index, value in items:
+                    if index < placed.shape[1] and mask[row, index]:
+                        placed[row, index] += value
+                        rewards[row] -= value
+        token_rewards = outcome_token_rewards(rewards, mask) + placed
         advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
         advantages = whiten(advantages, mask)
         stats = self._update_critic(input_ids, attention, mask, values, returns, T)
