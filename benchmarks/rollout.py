@@ -1,0 +1,192 @@
+"""Rollout speed (on demand, not CI): ``python benchmarks/rollout.py --policy CHECKPOINT``.
+
+Our multi-turn rollout vs a ZeroSearch-style loop, same policy, prompts, retriever and sampling seed,
+printed side by side from one run:
+
+- **ours** (``zerosim.rollout.SearchRollout``): generation stops at ``</search>``, ``</answer>`` or EOS
+  (stop strings inside ``generate``), token-in/token-out, one batched search call per turn;
+- **ZeroSearch-style**: a fixed token budget per turn with no stop strings (EOS only), then the text is cut
+  at the first closing tag and re-tokenised, and one search call per trajectory.
+
+Reported: wall time, sampled tokens, *useful* tokens (policy tokens up to and including the turn's stop,
+i.e. what both loops keep), useful tokens per second, and the share of sampled tokens past a stop tag.
+Targets: ours >= 3x useful tokens/s; < 2% of our sampled tokens past a stop tag.
+
+The policy must speak the tag protocol: pass a warm-started checkpoint (``zerosim policy warmstart``, or the
+demo's ``outputs/demo/warmstart/final``). The base SmolLM2 never emits a tag, so both loops would only
+measure EOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+STOPS = ("</search>", "</answer>")
+
+
+def row(name: str, *cells: str) -> None:
+    print(f"  {name:<30}" + "".join(f"{c:>14}" for c in cells))
+
+
+class CountingGenerator:
+    """Wraps an ``HFGenerator``: counts sampled tokens (before the cut) and kept tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.sampled = 0
+        self.kept = 0
+        cut = inner._cut
+        pad = inner.pad_token_id
+
+        def counting_cut(ids, logps):
+            out = cut(ids, logps)
+            # after a row stops, generate pads it: trailing pads were never sampled
+            raw = len(ids)
+            while raw > len(out.token_ids) and ids[raw - 1] == pad:
+                raw -= 1
+            self.sampled += raw
+            self.kept += len(out.token_ids)
+            return out
+
+        inner._cut = counting_cut
+
+    def generate(self, prompts, max_new_tokens):
+        return self.inner.generate(prompts, max_new_tokens)
+
+
+def zerosearch_loop(model, tokenizer, engine, questions, *, k, max_turns, budget, max_obs_tokens, seed):
+    """The baseline: fixed budget per turn, cut at the first tag afterwards, one search per trajectory."""
+    import torch
+
+    from zerosim.generation import HFGenerator
+    from zerosim.rollout import ProtocolTokens, build_prompt, parse_action
+    from zerosim.search import SearchRequest
+
+    torch.manual_seed(seed)
+    tokens = ProtocolTokens(tokenizer, max_obs_tokens)
+    gen = HFGenerator(model, tokenizer, temperature=1.0, stop_strings=())
+    contexts = [tokens.prompt(build_prompt(q.question)) for q in questions]
+    active = list(range(len(questions)))
+    sampled = useful = 0
+    for turn in range(max_turns):
+        if not active:
+            break
+        outs = gen.generate([contexts[i] for i in active], budget)
+        still = []
+        for i, out in zip(active, outs, strict=True):
+            sampled += len(out.token_ids)
+            text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            ends = [text.find(s) + len(s) for s in STOPS if s in text]
+            text = text[: min(ends)] if ends else text
+            kept = tokens.encode(text)  # decode -> re-tokenise round trip, as ZeroSearch does
+            useful += len(kept)
+            contexts[i] = contexts[i] + kept
+            kind, query = parse_action(text)
+            if kind == "search" and turn < max_turns - 1:
+                docs = engine.search([SearchRequest(query=query)], k)[0]  # one call per trajectory
+                contexts[i] = contexts[i] + tokens.observation(docs)
+                still.append(i)
+        active = still
+    return sampled, useful
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--policy", default="outputs/demo/warmstart/final", help="a policy that speaks the tags"
+    )
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument(
+        "--budget", type=int, default=256, help="ZeroSearch-style tokens per turn (theirs: 500)"
+    )
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not Path(args.policy).is_dir() and args.policy != "smollm2":
+        raise SystemExit(
+            f"policy {args.policy} not found: run `zerosim policy warmstart --config configs/demo.yaml` (or the demo) "
+            "first, or pass --policy CHECKPOINT"
+        )
+
+    import torch
+
+    from curricula import ConstantSchedule
+    from zerosim.config import RolloutConfig, SearchConfig
+    from zerosim.data.embedded import load_questions
+    from zerosim.engines import build_search_engine
+    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.rollout import SearchRollout, build_prompt
+
+    questions = load_questions("factbook", "dev", limit=args.questions)
+    tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)
+    engine = build_search_engine(SearchConfig(engine="bm25"))
+    config = RolloutConfig(
+        max_turns=args.max_turns, max_new_tokens=args.budget, max_obs_tokens=128, max_completion_tokens=4096
+    )
+    rollout = SearchRollout(
+        tokenizer,
+        engine,
+        config=config,
+        k=args.k,
+        schedule=ConstantSchedule(0.0),
+        examples={build_prompt(q.question): (q.question, q.golden_answers) for q in questions},
+        seed=args.seed,
+    )
+    prompts = [build_prompt(q.question) for q in questions]
+    rollout.run(rollout.generator_for(model), prompts[:2], step=0)  # warm-up
+
+    torch.manual_seed(args.seed)
+    counting = CountingGenerator(rollout.generator_for(model))
+    started = time.perf_counter()
+    trajectories, timing = rollout.run(counting, prompts, step=0)
+    t_ours = time.perf_counter() - started
+    useful_ours = sum(sum(t.env_mask) for t in trajectories)
+
+    started = time.perf_counter()
+    sampled_zs, useful_zs = zerosearch_loop(
+        model, tokenizer, engine, questions, k=args.k, max_turns=args.max_turns, budget=args.budget,
+        max_obs_tokens=128, seed=args.seed,
+    )  # fmt: skip
+    t_zs = time.perf_counter() - started
+
+    searches = sum(t.searches for t in trajectories)
+    print(
+        f"\n{len(questions)} questions, policy {args.policy}, budget {args.budget} tokens/turn, "
+        f"{args.max_turns} turns, BM25 k={args.k}; ours made {searches} searches"
+    )
+    row("", "seconds", "sampled tok", "useful tok", "useful tok/s", "past stop")
+    past_zs = (sampled_zs - useful_zs) / max(sampled_zs, 1)
+    past_ours = (counting.sampled - counting.kept) / max(counting.sampled, 1)
+    row(
+        "ZeroSearch-style loop",
+        f"{t_zs:.1f}",
+        str(sampled_zs),
+        str(useful_zs),
+        f"{useful_zs / t_zs:.1f}",
+        f"{100 * past_zs:.1f}%",
+    )
+    row(
+        "zerosim rollout",
+        f"{t_ours:.1f}",
+        str(counting.sampled),
+        str(useful_ours),
+        f"{useful_ours / t_ours:.1f}",
+        f"{100 * past_ours:.1f}%",
+    )
+    ratio = (useful_ours / t_ours) / max(useful_zs / t_zs, 1e-9)
+    print(
+        f"\n  useful tokens/s ratio: {ratio:.1f}x (target >= 3x); ours past a stop tag: {100 * past_ours:.2f}% (target < 2%)"
+    )
+    print(f"  ours: generate {timing['generate']:.1f} s, search {timing['search']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
