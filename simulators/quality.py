@@ -187,7 +187,8 @@ def run_quality(
             SearchConfig(engine="simulator", k=cfg.k, simulator=sim_cfg), seed=cfg.seed
         )
     model = cfg.simulator.served_model or cfg.simulator.model
-    run_name = cfg.run_name or f"quality-{Path(model).name or model}"
+    path = Path(model)
+    run_name = cfg.run_name or f"quality-{path.parent.name if path.name == 'final' else path.name or model}"
     out_dir = Path(cfg.output_dir) / run_name
     tags = {"zerosim.job": "simulator-eval", "zerosim.simulator": model}
     with mlflow_run(cfg.tracking, run_name, tags=tags) as run:

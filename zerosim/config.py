@@ -328,7 +328,9 @@ class SimulatorEvalConfig:
     output_dir: str = (
         "outputs/simulator-eval"  # table.json / table.md / samples.jsonl go to <output_dir>/<run_name>
     )
-    run_name: str | None = None  # MLflow run name; None = "quality-<model folder name>"
+    run_name: str | None = (
+        None  # MLflow run name; None = "quality-<model folder name>" (the run folder for .../final)
+    )
     simulator: SimulatorConfig = field(default_factory=lambda: SimulatorConfig(on_short="fill"))
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
 
