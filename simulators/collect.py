@@ -332,13 +332,23 @@ def build_rows(
 
 
 def balance_rows(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
-    """As many useful as noisy rows: the larger mode is down-sampled (seeded); order kept."""
+    """As many useful as noisy rows; order kept, seeded.
+
+    The smaller mode is kept whole. From the larger one, rows whose query also has a row of the smaller
+    mode come first: contrasting pairs (same query, both modes) are what teach the model the mode rather
+    than the query. The rest is filled at random.
+    """
     by_mode = {m: [i for i, r in enumerate(rows) if r["mode"] == m] for m in MODES}
-    n = min(len(v) for v in by_mode.values())
+    small, large = sorted(MODES, key=lambda m: len(by_mode[m]))
+    n = len(by_mode[small])
     rng = random.Random(seed)
-    keep = set()
-    for indices in by_mode.values():
-        keep.update(rng.sample(indices, n))
+    key = lambda r: (r["question_id"], r["query"])  # noqa: E731
+    paired_keys = {key(rows[i]) for i in by_mode[small]}
+    paired = [i for i in by_mode[large] if key(rows[i]) in paired_keys]
+    unpaired = [i for i in by_mode[large] if key(rows[i]) not in paired_keys]
+    chosen = rng.sample(paired, min(n, len(paired)))
+    chosen += rng.sample(unpaired, n - len(chosen))
+    keep = set(by_mode[small]) | set(chosen)
     return [r for i, r in enumerate(rows) if i in keep]
 
 

@@ -97,11 +97,19 @@ def test_build_rows_round_trips_through_the_simulator_parser():
     assert "Lima" not in rows2[0]["prompt"][0]["content"]
 
 
-def test_balance_rows_is_equal_and_seeded():
-    rows = [{"mode": "useful", "i": i} for i in range(3)] + [{"mode": "noisy", "i": i} for i in range(10)]
-    a, b = balance_rows(rows, seed=1), balance_rows(rows, seed=1)
-    assert a == b
+def test_balance_rows_is_equal_seeded_and_prefers_pairs():
+    rows = [{"mode": "useful", "question_id": f"q{i}", "query": "x"} for i in range(3)]
+    rows += [{"mode": "noisy", "question_id": f"q{i}", "query": "x"} for i in range(10)]
+    a = balance_rows(rows, seed=1)
+    assert a == balance_rows(rows, seed=1)
     assert sum(r["mode"] == "useful" for r in a) == sum(r["mode"] == "noisy" for r in a) == 3
+    # the noisy rows kept are the ones whose query also has a useful row
+    assert sorted(r["question_id"] for r in a if r["mode"] == "noisy") == ["q0", "q1", "q2"]
+    # fewer pairs than needed: the rest is filled at random from the larger mode
+    rows2 = [{"mode": "useful", "question_id": f"u{i}", "query": "x"} for i in range(4)]
+    rows2 += [{"mode": "noisy", "question_id": f"q{i}", "query": "x"} for i in range(10)]
+    b = balance_rows(rows2, seed=0)
+    assert sum(r["mode"] == "noisy" for r in b) == 4
 
 
 class FakeJudgeBackend:
