@@ -92,7 +92,7 @@ class TransformersBackend:
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
         self.model_id = model_id or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-        self.generator = HFGenerator(model, tokenizer)
+        self.generator = HFGenerator(model, tokenizer, logprobs=False)  # documents need text only
         self._lock = threading.Lock()  # one generate at a time: the model and the generator are shared
 
     @classmethod

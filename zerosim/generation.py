@@ -35,8 +35,10 @@ class HFGenerator:
         top_p: float = 1.0,
         stop_strings: Sequence[str] = (),
         eos_token_ids: Sequence[int] | None = None,
+        logprobs: bool = True,
     ):
         self.model = model
+        self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -81,12 +83,15 @@ class HFGenerator:
                 eos_token_id=sorted(self.eos_token_ids),
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
-                output_logits=True,
+                output_logits=self.logprobs,
                 use_cache=True,
             )
         finally:
             self.model.train(was_training)
         new_tokens = out.sequences[:, width:].cpu()
+        if not self.logprobs:
+            zeros = [0.0] * new_tokens.shape[1]
+            return [self._cut(new_tokens[row].tolist(), zeros) for row in range(len(prompts))]
         scale = self.temperature if sample else 1.0
         # One (batch,) gather per position keeps memory at batch x vocab instead of steps x batch x vocab.
         token_logps = torch.stack(
