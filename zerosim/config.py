@@ -218,6 +218,7 @@ class TrackingConfig:
     )
     experiment: str = "zerosim"  # MLflow experiment name
     num_sample_trajectories: int = 4  # trajectories per step written to the samples artifact
+    sample_every: int = 1  # keep sample trajectories every N steps
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 from curricula import NoiseSchedule, draw_noise
 from zerosim.config import RolloutConfig
 from zerosim.generation import Generation, HFGenerator
+from zerosim.metrics import exact_match
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 STOP_STRINGS = ("</search>", "</answer>")
@@ -150,6 +151,7 @@ class SearchRollout:
         seed: int = 0,
         granularity: str = "call",
         num_samples: int = 4,
+        sample_every: int = 1,
         step_rewards: tuple[float, float] | None = None,
     ):
         self.tokenizer = tokenizer
@@ -161,6 +163,7 @@ class SearchRollout:
         self.seed = seed
         self.granularity = granularity
         self.num_samples = num_samples
+        self.sample_every = max(1, sample_every)
         self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
         self.last_step_rewards: list[list[tuple[int, float]]] = []  # per trajectory of the last batch
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
@@ -329,6 +332,7 @@ class SearchRollout:
             "rollout/turns_per_traj": sum(t.turns for t in trajectories) / n,
             "rollout/valid_format_rate": sum(t.valid_format for t in trajectories) / n,
             "rollout/answer_rate": sum(t.answer is not None for t in trajectories) / n,
+            "rollout/em": sum(exact_match(t.answer, t.answers) for t in trajectories if t.answer) / n,
             "rollout/invalid_action_rate": sum(t.invalid_actions > 0 for t in trajectories) / n,
             "rollout/policy_tokens_per_traj": sum(sum(t.env_mask) for t in trajectories) / n,
             "time/generate_s": timing.get("generate", 0.0),
@@ -341,6 +345,8 @@ class SearchRollout:
         }
 
     def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:
+        if step % self.sample_every:
+            return
         for traj in trajectories[: self.num_samples]:
             self.samples.append(
                 {

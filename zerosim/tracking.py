@@ -78,6 +78,7 @@ def log_jsonl(rows: Iterable[Mapping[str, Any]], artifact_file: str) -> None:
 
 PLOTTED = (
     ("reward", "reward"),
+    ("rollout/em", "exact match"),
     ("curriculum/noise_prob", "scheduled noise p(i)"),
     ("search/noisy_doc_share", "noisy share served"),
     ("rollout/searches_per_traj", "searches / trajectory"),

@@ -241,6 +241,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         seed=cfg.run.seed,
         granularity=c.granularity,
         num_samples=cfg.tracking.num_sample_trajectories,
+        sample_every=cfg.tracking.sample_every,
         step_rewards=step_weights(cfg),
     )
 
