@@ -1,3 +1,5 @@
+import pytest
+
 from zerosim.rewards import answer_reward, extract_answer, make_reward_func
 
 
@@ -56,3 +58,23 @@ def test_reward_func_with_format_weight_uses_valid_format():
         valid_format=[False, True, False],
     )
     assert [round(s, 6) for s in scores] == [0.8, 0.2, 0.0]
+
+
+def test_composed_outcome_by_weights():
+    from zerosim.rewards import make_reward_func
+
+    f = make_reward_func("em", weights={"em": 0.5, "f1": 0.5})
+    # "Lima Peru" vs "Lima": em 0, f1 = 2·(1/2·1)/(1/2+1) = 2/3
+    out = f([None] * 3, [None] * 3, final_answer=["Lima", "Lima Peru", None], golden_answers=[["Lima"]] * 3)
+    assert out == pytest.approx([1.0, 0.5 * 2 / 3, 0.0])
+    assert f.__name__ == "outcome"
+    with pytest.raises(ValueError, match="reward weights take"):
+        make_reward_func("em", weights={"bleu": 1.0})
+
+
+def test_reward_weights_config_is_checked():
+    from zerosim.config import ConfigError, load_config
+
+    assert load_config(None, ["reward.weights={em: 0.5, f1: 0.5}"]).reward.weights == {"em": 0.5, "f1": 0.5}
+    with pytest.raises(ConfigError, match="reward.weights takes em, f1, cover_em"):
+        load_config(None, ["reward.weights={rouge: 1.0}"])

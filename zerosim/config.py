@@ -161,6 +161,9 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     metric: str = "em"  # em | f1 | cover_em — outcome reward from the final <answer>
+    weights: dict[str, float] | None = (
+        None  # compose the outcome instead: {em: 0.5, f1: 0.5} = Σ weight · metric; None = metric alone
+    )
     format_weight: float = 0.0  # λ of Search-R1's format-shaped reward (0 = outcome only; 0.2 in their runs)
     step_gain_weight: float = 0.0  # StepSearch-style: weight of each search's TF-IDF information gain toward the gold answer (0 = off)
     step_redundancy_weight: float = (
@@ -449,6 +452,10 @@ def _check_ranges(cfg: Any) -> None:
             raise ConfigError(f"curriculum.{name} must be in [0, 1], got {getattr(c, name)}")
     if c.base <= 0:
         raise ConfigError(f"curriculum.base must be > 0, got {c.base}")
+    if cfg.reward.weights is not None:
+        unknown = sorted(set(cfg.reward.weights) - {"em", "f1", "cover_em"})
+        if unknown or not cfg.reward.weights:
+            raise ConfigError(f"reward.weights takes em, f1, cover_em; got {sorted(cfg.reward.weights)}")
     if cfg.search.k < 1:
         raise ConfigError(f"search.k must be >= 1, got {cfg.search.k}")
     if cfg.rollout.max_turns < 1:

@@ -49,24 +49,42 @@ def format_shaped(outcome: float, answered: bool, valid_format: bool, weight: fl
     return (1 - weight) * outcome + (weight / 2) * (1 - outcome)
 
 
+def composed_reward(prediction: str | None, golds: Sequence[str], weights: dict[str, float]) -> float:
+    """``Σ_m w_m · m(prediction, golds)`` over the metrics in ``weights``; 0 without a prediction."""
+    return sum(w * answer_reward(prediction, golds, m) for m, w in weights.items())
+
+
 def make_reward_func(
-    metric: str, format_weight: float = 0.0, step_rewards: bool = False
+    metric: str,
+    format_weight: float = 0.0,
+    step_rewards: bool = False,
+    weights: dict[str, float] | None = None,
 ) -> Callable[..., list[float]]:
     """A TRL reward function scoring the rollout's ``final_answer`` against ``golden_answers``.
 
     With ``format_weight`` > 0 the outcome is shaped by the trajectory's format (:func:`format_shaped`).
+    With ``weights`` (``{"em": 0.5, "f1": 0.5}``) the outcome is :func:`composed_reward` instead of ``metric``.
     With ``step_rewards`` the rollout's per-search rewards (``step_reward_total``) are added: sequence-level
     algorithms see their sum; PPO puts each on its ``</search>`` token instead (``zerosim.trainer``).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown reward metric {metric!r}; valid: {', '.join(METRICS)}")
+    if weights is not None and (not weights or set(weights) - set(METRICS)):
+        raise ValueError(f"reward weights take {', '.join(METRICS)}; got {sorted(weights)}")
     if not 0.0 <= format_weight < 1.0:
         raise ValueError(f"format_weight must be in [0, 1), got {format_weight}")
 
     def reward(
         prompts, completions, final_answer, golden_answers, valid_format=None, **kwargs
     ) -> list[float]:
-        outcomes = [answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)]
+        if weights:
+            outcomes = [
+                composed_reward(a, g, weights) for a, g in zip(final_answer, golden_answers, strict=True)
+            ]
+        else:
+            outcomes = [
+                answer_reward(a, g, metric) for a, g in zip(final_answer, golden_answers, strict=True)
+            ]
         if format_weight:
             outcomes = [
                 format_shaped(r, a is not None, bool(v), format_weight)
@@ -77,5 +95,5 @@ def make_reward_func(
             outcomes = [r + s for r, s in zip(outcomes, totals, strict=True)]
         return outcomes
 
-    reward.__name__ = metric  # TRL logs it as rewards/<name>/mean
+    reward.__name__ = "outcome" if weights else metric  # TRL logs it as rewards/<name>/mean
     return reward

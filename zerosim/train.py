@@ -279,6 +279,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         cfg.reward.metric,
                         cfg.reward.format_weight,
                         step_rewards=step_weights(cfg) is not None,
+                        weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
                     ),
                 )
             ],
