@@ -14,34 +14,6 @@ class NoiseSchedule(Protocol):
     def probability(self, step: int) -> float: ...
 
 
-@dataclass(frozen=True)
-class ExponentialSchedule:
-    """ZeroSearch's curriculum: ``p(i) = p_s + (b^(i/m) - 1) / (b - 1) * (p_e - p_s)``.
-
-    ``m`` is ``total_steps``; steps past ``m`` stay at ``p_e``. With ``b = 1`` the limit is linear.
-    """
-
-    p_start: float = 0.0
-    p_end: float = 0.5
-    base: float = 4.0
-    total_steps: int = 200
-
-    def __post_init__(self) -> None:
-        if self.total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
-        if self.base <= 0:
-            raise ValueError(f"base must be > 0, got {self.base}")
-
-    def probability(self, step: int) -> float:
-        frac = min(max(step, 0), self.total_steps) / self.total_steps
-        rise = frac if self.base == 1 else (self.base**frac - 1) / (self.base - 1)
-        return self.p_start + rise * (self.p_end - self.p_start)
-
-
-def _fraction(step: int, total_steps: int) -> float:
-    return min(max(step, 0), total_steps) / total_steps
-
-
 def _check(p_start: float, p_end: float, total_steps: int) -> None:
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
@@ -50,9 +22,10 @@ def _check(p_start: float, p_end: float, total_steps: int) -> None:
             raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
-@dataclass(frozen=True)
-class LinearSchedule:
-    """``p(i) = p_s + (i/m) (p_e - p_s)``; steps past ``m`` stay at ``p_e``."""
+@dataclass(frozen=True, kw_only=True)
+class RisingSchedule:
+    """``p(i) = p_s + rise(i/m) (p_e - p_s)`` with ``rise`` going from 0 to 1; ``m`` is ``total_steps``,
+    steps are clamped to ``[0, m]`` (past ``m`` stays at ``p_e``). Subclasses define :meth:`rise`."""
 
     p_start: float = 0.0
     p_end: float = 0.5
@@ -61,47 +34,60 @@ class LinearSchedule:
     def __post_init__(self) -> None:
         _check(self.p_start, self.p_end, self.total_steps)
 
+    def rise(self, frac: float) -> float:
+        raise NotImplementedError
+
     def probability(self, step: int) -> float:
-        return self.p_start + _fraction(step, self.total_steps) * (self.p_end - self.p_start)
+        frac = min(max(step, 0), self.total_steps) / self.total_steps
+        return self.p_start + self.rise(frac) * (self.p_end - self.p_start)
 
 
-@dataclass(frozen=True)
-class CosineSchedule:
-    """``p(i) = p_s + (1 - cos(pi i/m)) / 2 (p_e - p_s)``: slow start, fastest mid-way, slow finish."""
+@dataclass(frozen=True, kw_only=True)
+class ExponentialSchedule(RisingSchedule):
+    """ZeroSearch's curriculum: ``rise = (b^(i/m) - 1) / (b - 1)``. With ``b = 1`` the limit is linear."""
 
-    p_start: float = 0.0
-    p_end: float = 0.5
-    total_steps: int = 200
+    base: float = 4.0
 
     def __post_init__(self) -> None:
-        _check(self.p_start, self.p_end, self.total_steps)
+        super().__post_init__()
+        if self.base <= 0:
+            raise ValueError(f"base must be > 0, got {self.base}")
 
-    def probability(self, step: int) -> float:
-        rise = (1 - math.cos(math.pi * _fraction(step, self.total_steps))) / 2
-        return self.p_start + rise * (self.p_end - self.p_start)
+    def rise(self, frac: float) -> float:
+        return frac if self.base == 1 else (self.base**frac - 1) / (self.base - 1)
 
 
-@dataclass(frozen=True)
-class StepSchedule:
-    """``stages`` equal-length plateaus from ``p_s`` to ``p_e``: stage ``s = min(floor(n i/m), n-1)`` has
-    ``p = p_s + s/(n-1) (p_e - p_s)`` (one stage: ``p_e`` throughout)."""
+@dataclass(frozen=True, kw_only=True)
+class LinearSchedule(RisingSchedule):
+    """``rise = i/m``."""
 
-    p_start: float = 0.0
-    p_end: float = 0.5
-    total_steps: int = 200
+    def rise(self, frac: float) -> float:
+        return frac
+
+
+@dataclass(frozen=True, kw_only=True)
+class CosineSchedule(RisingSchedule):
+    """``rise = (1 - cos(pi i/m)) / 2``: slow start, fastest mid-way, slow finish."""
+
+    def rise(self, frac: float) -> float:
+        return (1 - math.cos(math.pi * frac)) / 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSchedule(RisingSchedule):
+    """``stages`` = n equal-length plateaus: ``rise = min(floor(n i/m), n-1) / (n-1)`` (one stage: ``p_e``
+    throughout)."""
+
     stages: int = 4
 
     def __post_init__(self) -> None:
-        _check(self.p_start, self.p_end, self.total_steps)
+        super().__post_init__()
         if self.stages < 1:
             raise ValueError(f"stages must be >= 1, got {self.stages}")
 
-    def probability(self, step: int) -> float:
+    def rise(self, frac: float) -> float:
         n = self.stages
-        if n == 1:
-            return self.p_end
-        stage = min(math.floor(n * _fraction(step, self.total_steps)), n - 1)
-        return self.p_start + stage / (n - 1) * (self.p_end - self.p_start)
+        return 1.0 if n == 1 else min(math.floor(n * frac), n - 1) / (n - 1)
 
 
 @dataclass

@@ -395,18 +395,18 @@ def run_collect(cfg: SimulatorCollectConfig, *, retriever: SearchEngine | None =
         pass_answers=cfg.pass_answers,
     )
     before = Counter(r["mode"] for r in rows)
-    if cfg.balance:
-        rows = balance_rows(rows, cfg.seed)
-    after = Counter(r["mode"] for r in rows)
     if not rows:
         raise ValueError(
             f"no SFT rows: {len(items)} queries gave no labelled documents (check the retriever and data)"
         )
-    if cfg.balance and not after["useful"]:
+    if cfg.balance and not before["useful"]:
         raise ValueError(
             "balance=true but no query has a useful document: the retriever never returns a gold answer "
             "for these questions (check data/corpus, or set balance=false)"
         )
+    if cfg.balance:
+        rows = balance_rows(rows, cfg.seed)
+    after = Counter(r["mode"] for r in rows)
     docs = counts["documents_useful"] + counts["documents_noisy"]
     report = {
         "questions": len(questions),

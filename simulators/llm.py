@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -99,37 +100,16 @@ class LLMSimulator:
         return cls(TransformersBackend.from_pretrained(name_or_path, dtype), **kwargs)
 
     @classmethod
-    def from_openai(
-        cls,
-        base_url: str,
-        model: str,
-        *,
-        tokenizer: Any = None,
-        connect_timeout: float = 2.0,
-        read_timeout: float = 120.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_concurrency: int = 1,
-        check_health: bool = True,
-        **kwargs: Any,
-    ) -> LLMSimulator:
-        """A simulator whose model runs behind an OpenAI-compatible server (see :class:`OpenAIBackend`).
+    def from_openai(cls, base_url: str, model: str, **kwargs: Any) -> LLMSimulator:
+        """A simulator whose model runs behind an OpenAI-compatible server.
 
-        ``tokenizer`` (object, or name/path) supplies the chat template the prompts are wrapped in; the
-        other keyword arguments go to :class:`LLMSimulator`.
+        Keyword arguments that :class:`OpenAIBackend` takes (``tokenizer`` — object or name/path whose chat
+        template wraps the prompts —, timeouts, ``retries``, ``backoff``, ``max_concurrency``,
+        ``check_health``, ...) go to it; the others to :class:`LLMSimulator`.
         """
-        backend = OpenAIBackend(
-            base_url,
-            model,
-            tokenizer=tokenizer,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries=retries,
-            backoff=backoff,
-            max_concurrency=max_concurrency,
-            check_health=check_health,
-        )
-        return cls(backend, **kwargs)
+        accepted = inspect.signature(OpenAIBackend).parameters
+        backend_options = {key: kwargs.pop(key) for key in list(kwargs) if key in accepted}
+        return cls(OpenAIBackend(base_url, model, **backend_options), **kwargs)
 
     @property
     def generator(self):

@@ -176,7 +176,7 @@ def run_quality(
     from zerosim.data.embedded import load_questions
     from zerosim.engines import build_search_engine
     from zerosim.fsutil import atomic_write_text
-    from zerosim.tracking import log_config, log_jsonl, mlflow_run
+    from zerosim.tracking import log_config, mlflow_run
 
     questions = load_questions(cfg.data, cfg.split, limit=cfg.limit)
     if not questions:
@@ -205,7 +205,7 @@ def run_quality(
         mlflow.log_metrics({k: float(v) for k, v in report.items()})
         mlflow.log_artifact(str(out_dir / "table.json"))
         mlflow.log_artifact(str(out_dir / "table.md"))
-        log_jsonl(rows, "samples.jsonl")
+        mlflow.log_artifact(str(out_dir / "samples.jsonl"))
         fig = _plot(report, f"simulator quality: {model}")
         mlflow.log_figure(fig, "plots/quality.png")
         plt.close(fig)

@@ -35,21 +35,28 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
+    from zerosim.config import ConfigError, load_config
+
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    try:
+        return load_config(config, [*extra, *(overrides or [])], schema=schema)
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
 @app.command()
 def train(
     config: Path = typer.Option(None, "--config", "-c", help="YAML recipe, e.g. configs/demo.yaml"),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. trainer.max_steps=10"),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
-    from zerosim.config import ConfigError, load_config
+    from zerosim.config import TrainConfig
     from zerosim.models import ModelError
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
-    try:
-        cfg = load_config(config, overrides)
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _load(config, {}, overrides, TrainConfig)
     from zerosim.train import train as run_training
 
     started = time.perf_counter()
@@ -79,18 +86,14 @@ def evaluate(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. search.k=5 batch_size=8"),
 ) -> None:
     """Evaluate a policy on QA datasets; writes table.json/table.md and an MLflow eval run."""
-    from zerosim.config import ConfigError, EvalConfig, load_config
+    from zerosim.config import EvalConfig
     from zerosim.models import ModelError
 
     flags = {"policy": policy, "method": method, "search.engine": search, "limit": limit}
-    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
     if dataset is not None:
         names = [d.strip() for d in dataset.split(",") if d.strip()]
-        extra.append("datasets=[" + ",".join(json.dumps(n) for n in names) + "]")
-    try:
-        cfg = load_config(config, [*extra, *(overrides or [])], schema=EvalConfig)
-    except ConfigError as exc:
-        _fail(str(exc))
+        flags["datasets"] = "[" + ",".join(json.dumps(n) for n in names) + "]"
+    cfg = _load(config, flags, overrides, EvalConfig)
     from eval.run import run_eval
 
     try:
@@ -109,13 +112,10 @@ def policy_warmstart(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. warmstart.max_steps=80"),
 ) -> None:
     """SFT the policy on synthetic search trajectories (cold start), as `train` does with warmstart.enabled."""
-    from zerosim.config import ConfigError, load_config
+    from zerosim.config import TrainConfig
     from zerosim.models import ModelError
 
-    try:
-        cfg = load_config(config, overrides or [])
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _load(config, {}, overrides, TrainConfig)
     from zerosim.warmstart import run_warmstart
 
     try:
@@ -194,16 +194,6 @@ def simulator_serve(
     except (ValueError, FileNotFoundError) as exc:  # ModelError is a ValueError
         _fail(str(exc))
     raise typer.Exit(code=code)
-
-
-def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
-    from zerosim.config import ConfigError, load_config
-
-    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    try:
-        return load_config(config, [*extra, *(overrides or [])], schema=schema)
-    except ConfigError as exc:
-        _fail(str(exc))
 
 
 @simulator_app.command("collect")

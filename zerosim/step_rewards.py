@@ -31,9 +31,10 @@ def search_step_rewards(
     """One reward per search, in order (see the module docstring)."""
     if not searches:
         return []
-    texts = [d.contents for docs in searches for d in docs]
-    sims = _similarities(texts, reference)
-    out, best, seen = [], 0.0, set()
+    sims = _similarities([d.contents for docs in searches for d in docs], reference)
+    out, best = [], 0.0
+    seen_ids: set[str] = set()
+    seen_texts: set[str] = set()
     i = 0
     for docs in searches:
         s = sims[i : i + len(docs)]
@@ -41,12 +42,11 @@ def search_step_rewards(
         top = max(s, default=0.0)
         gain = max(0.0, top - best)
         best = max(best, top)
-        keys = [(d.id, normalize_answer(d.contents)) for d in docs]
-        repeated = sum(1 for k in keys if k[0] in seen or k[1] in seen)
+        texts = [normalize_answer(d.contents) for d in docs]
+        repeated = sum(d.id in seen_ids or t in seen_texts for d, t in zip(docs, texts, strict=True))
         redundancy = repeated / len(docs) if docs else 0.0
-        for doc_id, text in keys:
-            seen.add(doc_id)
-            seen.add(text)
+        seen_ids.update(d.id for d in docs)
+        seen_texts.update(texts)
         out.append(gain_weight * gain - redundancy_weight * redundancy)
     return out
 
