@@ -8,6 +8,9 @@ The report:
 - ``noisy_clean_share`` — noisy-mode results with at least one real document and no gold answer anywhere
   (a result of failure documents only is not counted as clean: saying nothing is not being noisy);
 - ``useful_doc_answer_share`` / ``noisy_doc_leak_share`` — the same per document;
+- ``useful_valid_answer_share`` / ``noisy_valid_clean_share`` — the strict forms: all ``k`` documents written
+  AND the mode's goal met (a noisy result of one real document and two failure fillers is answer-free, but it
+  is not a search result the policy should learn from);
 - ``format_valid`` — results in which all ``k`` documents were parsed (no failure document filled in);
 - ``duplicate_rate`` — documents repeating an earlier document of the same result (after normalisation);
 - ``mean_words`` — words per parsed document; ``docs_per_second`` — parsed documents per second of search.
@@ -38,6 +41,8 @@ COLUMNS = (
     ("noisy_clean_share", "noisy: answer-free"),
     ("useful_doc_answer_share", "useful docs w/ answer"),
     ("noisy_doc_leak_share", "noisy docs leaking"),
+    ("useful_valid_answer_share", "useful: all k + answer"),
+    ("noisy_valid_clean_share", "noisy: all k + answer-free"),
     ("format_valid", "format valid"),
     ("duplicate_rate", "duplicates"),
     ("mean_words", "words/doc"),
@@ -94,6 +99,10 @@ def score(
         "noisy_clean_share": share(sum(r.real > 0 and r.with_answer == 0 for r in noisy), len(noisy)),
         "useful_doc_answer_share": share(sum(r.with_answer for r in useful), useful_docs),
         "noisy_doc_leak_share": share(sum(r.with_answer for r in noisy), noisy_docs),
+        "useful_valid_answer_share": share(
+            sum(r.real == k and r.with_answer > 0 for r in useful), len(useful)
+        ),
+        "noisy_valid_clean_share": share(sum(r.real == k and r.with_answer == 0 for r in noisy), len(noisy)),
         "format_valid": share(sum(r.real == k for r in both), len(both)),
         "duplicate_rate": share(sum(r.duplicates for r in both), real),
         "mean_words": share(sum(r.words for r in both), real),

@@ -11,6 +11,7 @@ import pytest
 
 from simulators.collect import (
     ContainmentLabeler,
+    format_completion,
     JudgeLabeler,
     QueryDocs,
     RecordingEngine,
@@ -23,7 +24,7 @@ from simulators.llm import MISSING_DOC_TEXT
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
 from simulators.quality import ResultScore, score
-from simulators.sft import DatasetError, load_sft_dataset
+from simulators.sft import DatasetError, load_preference_dataset, load_sft_dataset, preference_pairs
 from zerosim.config import ConfigError, SimulatorCollectConfig, load_config
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
@@ -199,6 +200,58 @@ def test_collect_config_ranges():
 # -- dataset loading ---------------------------------------------------------------------------------------
 
 
+def _collected(query, answers, mode, docs):
+    prompt = SimulatorPrompts().render(
+        query=query, k=len(docs), words=30, noisy=mode == "noisy", question=query, answers=answers
+    )
+    return {
+        "prompt": [{"role": "user", "content": prompt}],
+        "completion": [{"role": "assistant", "content": format_completion(docs)}],
+        "mode": mode,
+        "query": query,
+        "answers": list(answers),
+    }
+
+
+def test_preference_pairs_contrast_the_modes_at_equal_length():
+    rows = [
+        _collected("capital of Peru", ["Lima"], "useful", ["Lima is the capital of Peru.", "Peru: Lima."]),
+        _collected(
+            "capital of Peru", ["Lima"], "noisy", ["Peru has the Andes.", "Peru grows coffee.", "Cusco"]
+        ),
+        _collected("capital of Chile", ["Santiago"], "noisy", ["Chile is long."]),  # no useful partner
+        _collected("capital of Spain", ["Madrid"], "useful", ["Madrid is big."]),
+        _collected("capital of Spain", ["Madrid"], "noisy", ["Madrid again"]),  # mislabelled: skipped
+    ]
+    pairs = preference_pairs(rows, seed=3)
+    assert [p["mode"] for p in pairs] == ["noisy", "useful"]
+    for pair in pairs:
+        chosen = split_documents(pair["chosen"][0]["content"], 10)
+        rejected = split_documents(pair["rejected"][0]["content"], 10)
+        assert len(chosen) == len(rejected)
+        has = [answer_in_text(" ".join(d), ["Lima"]) for d in (chosen, rejected)]
+        assert has == ([False, True] if pair["mode"] == "noisy" else [True, False])
+        assert pair["rejected"][0]["role"] == "assistant"
+    noisy_pair = pairs[0]
+    assert noisy_pair["prompt"] == rows[1]["prompt"]  # the RL-time noisy prompt, not a new one
+    # exactly one document swapped for an answer-bearing one
+    chosen = split_documents(noisy_pair["chosen"][0]["content"], 10)
+    rejected = split_documents(noisy_pair["rejected"][0]["content"], 10)
+    assert sum(c != r for c, r in zip(chosen, rejected, strict=True)) == 1
+    assert preference_pairs(rows, seed=3) == pairs  # seeded
+
+
+def test_dpo_dataset_needs_pairable_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
+    with pytest.raises(DatasetError, match="no 'mode', 'query', 'answers' field"):
+        load_preference_dataset(path)
+    row = _collected("capital of Chile", ["Santiago"], "noisy", ["Chile is long."])
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match="objective=sft"):
+        load_preference_dataset(path)
+
+
 def test_sft_dataset_errors_name_file_line_and_fix(tmp_path):
     with pytest.raises(DatasetError, match="zerosim simulator collect"):
         load_sft_dataset(tmp_path / "missing.jsonl")
@@ -238,6 +291,8 @@ def test_quality_score_by_hand():
     assert r["noisy_clean_share"] == pytest.approx(1 / 3)
     assert r["useful_doc_answer_share"] == pytest.approx(1 / 4)
     assert r["noisy_doc_leak_share"] == pytest.approx(1 / 6)
+    assert r["useful_valid_answer_share"] == 0.5  # the first: all 3 written, one has the answer
+    assert r["noisy_valid_clean_share"] == pytest.approx(1 / 3)  # only the first is whole and clean
     assert r["format_valid"] == pytest.approx(3 / 5)
     assert r["duplicate_rate"] == pytest.approx(1 / 10)
     assert r["mean_words"] == pytest.approx(17 / 10)
@@ -288,8 +343,8 @@ def run_cli(*args, timeout=600):
     return proc
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora):
+@pytest.mark.parametrize(("lora", "objective"), [(False, "sft"), (True, "sft"), (True, "dpo")])
+def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora, objective):
     import mlflow
 
     qa, corpus = factoid_files
@@ -311,7 +366,8 @@ def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora):
 
     mode = "--lora" if lora else "--full"
     ckpt = run_cli("simulator", "train", "--data", data, "--model", tiny_model_dir, mode, "--max-steps", 2,
-                   "--output-dir", tmp_path / "sim", "batch_size=2", "max_length=256", db).stdout.strip()  # fmt: skip
+                   "--output-dir", tmp_path / "sim", "batch_size=2", "max_length=256", f"objective={objective}",
+                   db).stdout.strip()  # fmt: skip
     ckpt = Path(ckpt.splitlines()[-1])
     assert ckpt == tmp_path / "sim" / "simulator-sft" / "final"
     assert (ckpt / "model.safetensors").is_file() and not (ckpt / "adapter_config.json").exists()
@@ -331,8 +387,11 @@ def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora):
     sft = jobs["simulator-sft"]
     assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
     assert sft.data.params["sft.lora"] == str(lora)
+    assert sft.data.tags["zerosim.objective"] == objective
     client = mlflow.MlflowClient()
     assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]
+    if objective == "dpo":  # TRL's preference metrics reach MLflow
+        assert len(client.get_metric_history(sft.info.run_id, "rewards/margins")) == 2
     assert {a.path for a in client.list_artifacts(sft.info.run_id, "plots")} == {"plots/sft.png"}
     ev = jobs["simulator-eval"]
     assert ev.data.metrics["results"] == 6.0

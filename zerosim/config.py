@@ -304,6 +304,11 @@ class SimulatorTrainConfig:
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
     output_dir: str = "outputs/simulator"  # checkpoint goes to <output_dir>/<name>/final
     name: str = "simulator-sft"  # MLflow run name and output sub-folder
+    objective: str = (
+        "sft"  # sft (imitate the documents) | dpo (prefer each mode's documents over the other's)
+    )
+    dpo_beta: float = 0.1  # DPO: strength of the pull toward the starting model
+    dpo_sft_weight: float = 1.0  # DPO: weight of the NLL of the preferred documents (0 = pure DPO)
     max_steps: int = 300  # optimizer steps
     learning_rate: float = 1e-4  # AdamW learning rate (LoRA: ~1e-3 is usual)
     batch_size: int = 8  # examples per optimizer micro-batch
@@ -351,6 +356,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "simulator.on_short": ("reask", "fill"),
     "queries": ("question", "policy"),
     "label": ("contains", "judge"),
+    "objective": ("sft", "dpo"),
     "judge.backend": ("transformers", "openai"),
     "dtype": ("auto", "float32", "bfloat16"),
     "method": ("agent", "rag", "direct"),
@@ -429,6 +435,10 @@ def _check_ranges(cfg: Any) -> None:
         for name in ("max_steps", "batch_size", "max_length", "lora_r"):
             if getattr(cfg, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+        if cfg.dpo_beta <= 0 or cfg.dpo_sft_weight < 0:
+            raise ConfigError(
+                f"need dpo_beta > 0 and dpo_sft_weight >= 0, got {cfg.dpo_beta} and {cfg.dpo_sft_weight}"
+            )
         return
     if isinstance(cfg, SimulatorEvalConfig):
         if cfg.k < 1 or cfg.batch_size < 1:

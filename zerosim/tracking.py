@@ -92,6 +92,12 @@ SFT_PLOTTED = (
     ("mean_token_accuracy", "token accuracy"),
     ("learning_rate", "learning rate"),
 )
+DPO_PLOTTED = (
+    ("loss", "training loss"),
+    ("rewards/margins", "reward margin (preferred - other)"),
+    ("rewards/accuracies", "preference accuracy"),
+    ("learning_rate", "learning rate"),
+)
 
 
 def log_training_curves(
