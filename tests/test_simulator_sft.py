@@ -11,13 +11,13 @@ import pytest
 
 from simulators.collect import (
     ContainmentLabeler,
-    format_completion,
     JudgeLabeler,
     QueryDocs,
     RecordingEngine,
     balance_rows,
     build_rows,
     clip_words,
+    format_completion,
     policy_queries,
 )
 from simulators.llm import MISSING_DOC_TEXT
