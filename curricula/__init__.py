@@ -1,6 +1,6 @@
 """Curricula: how often searches return noisy documents as training goes on."""
 
-from curricula.noise import draw_noise
+from curricula.noise import draw_noise, trajectory_noise
 from curricula.schedules import (
     SCHEDULES,
     AdaptiveSchedule,
@@ -24,4 +24,5 @@ __all__ = [
     "StepSchedule",
     "build_schedule",
     "draw_noise",
+    "trajectory_noise",
 ]

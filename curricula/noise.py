@@ -1,4 +1,4 @@
-"""The noise draw: which search results (or result slots) are noisy, reproducibly from (seed, step)."""
+"""The noise draw: which search results (or result slots) are noisy, reproducibly from (seed, step, ...)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import numpy as np
 
 
 def draw_noise(
-    *, seed: int, step: int, call: int, n_requests: int, k: int, p: float, granularity: str = "call"
+    *,
+    seed: int,
+    step: int,
+    call: int,
+    n_requests: int,
+    k: int,
+    p: float,
+    granularity: str = "call",
+    _stream: tuple[int, ...] = (),
 ) -> list[tuple[bool, ...]]:
     """Per-request noise patterns of ``k`` slots each.
 
@@ -17,7 +25,7 @@ def draw_noise(
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"noise probability must be in [0, 1], got {p}")
-    rng = np.random.default_rng([seed, step, call])
+    rng = np.random.default_rng([seed, step, call, *_stream])
     if granularity == "call":
         flags = rng.random(n_requests) < p
         return [(bool(f),) * k for f in flags]
@@ -25,3 +33,25 @@ def draw_noise(
         grid = rng.random((n_requests, k)) < p
         return [tuple(bool(x) for x in row) for row in grid]
     raise ValueError(f"unknown noise granularity {granularity!r}; valid: call, document")
+
+
+def trajectory_noise(
+    *, seed: int, step: int, trajectory: int, search: int, k: int, p: float, granularity: str = "call"
+) -> tuple[bool, ...]:
+    """The noise pattern of one search: the ``search``-th of trajectory number ``trajectory`` at ``step``.
+
+    A pure function of its arguments, so with several training processes every rank draws for its own
+    trajectories exactly what a single process rolling out the whole batch would (``trajectory`` is the
+    index in the global batch), and no two trajectories share a draw. Same granularity rules as
+    :func:`draw_noise`.
+    """
+    return draw_noise(
+        seed=seed,
+        step=step,
+        call=0,
+        n_requests=1,
+        k=k,
+        p=p,
+        granularity=granularity,
+        _stream=(trajectory, search),
+    )[0]

@@ -1,9 +1,17 @@
-"""Batched token-in/token-out generation with stop strings, on transformers ``generate``.
+"""Batched token-in/token-out generation with stop strings: transformers ``generate`` or TRL's vLLM.
 
 The rollout and the in-process simulator both go through :class:`HFGenerator`: left-padded batches,
 one ``generate`` call per batch, generation stopped at EOS or at any stop string (so no tokens are
 wasted past ``</search>`` / ``</answer>``), each row cut right after its stop, and the sampling
 log-probability of every kept token (``log_softmax(logits / temperature)``, as TRL computes it).
+
+:class:`VLLMGenerator` gives the rollout the same interface over the vLLM engine TRL's ``GRPOTrainer``
+runs (``vllm_mode`` colocate or server), so weight syncing stays TRL's.
+
+A generator whose ``collective`` is true must be called by every rank the same number of times (vLLM
+server mode gathers all ranks' prompts; transformers under ZeRO-3/FSDP synchronises each decoding step);
+``generate(..., width=W)`` pads this rank's batch to the batch-wide ``W`` where the backend needs equal
+slices, and ``idle`` takes part in a turn without trajectories.
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ class HFGenerator:
         stop_strings: Sequence[str] = (),
         eos_token_ids: Sequence[int] | None = None,
         logprobs: bool = True,
+        collective: bool = False,
     ):
         self.model = model
+        self.collective = collective  # transformers syncs decoding steps across ranks (ZeRO-3 / FSDP)
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -49,11 +59,17 @@ class HFGenerator:
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
-        self._stop_chars = {s[-1] for s in self.stop_strings}
+
+    def idle(self, max_new_tokens: int) -> None:
+        """Take part in a collective turn with nothing to generate (a one-token dummy row)."""
+        if self.collective:
+            self.generate([[self.pad_token_id]], max_new_tokens)
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
-        """Continue each token-id prompt by at most ``max_new_tokens`` tokens."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, width: int | None = None
+    ) -> list[Generation]:
+        """Continue each token-id prompt by at most ``max_new_tokens`` tokens (``width``: unused here)."""
         if not prompts:
             return []
         if max_new_tokens < 1:
@@ -106,14 +122,65 @@ class HFGenerator:
         return [self._cut(new_tokens[row].tolist(), token_logps[row].tolist()) for row in range(len(prompts))]
 
     def _cut(self, ids: list[int], logps: list[float]) -> Generation:
-        """Keep tokens up to and including the first EOS or the token that completes a stop string."""
-        for i, tok in enumerate(ids):
-            if tok in self.eos_token_ids:
-                return Generation(ids[: i + 1], logps[: i + 1], "eos")
-            if self.stop_strings:
-                piece = self.tokenizer.decode([tok])
-                if any(c in piece for c in self._stop_chars):
-                    text = self.tokenizer.decode(ids[: i + 1])
-                    if any(s in text for s in self.stop_strings):
-                        return Generation(ids[: i + 1], logps[: i + 1], "stop")
-        return Generation(ids, logps, "length")
+        return cut_at_stop(ids, logps, self.tokenizer, self.stop_strings, self.eos_token_ids)
+
+
+def cut_at_stop(
+    ids: list[int], logps: list[float], tokenizer, stop_strings: Sequence[str], eos_token_ids: frozenset[int]
+) -> Generation:
+    """Keep tokens up to and including the first EOS or the token that completes a stop string."""
+    stop_chars = {s[-1] for s in stop_strings}
+    for i, tok in enumerate(ids):
+        if tok in eos_token_ids:
+            return Generation(ids[: i + 1], logps[: i + 1], "eos")
+        if stop_strings:
+            piece = tokenizer.decode([tok])
+            if any(c in piece for c in stop_chars):
+                text = tokenizer.decode(ids[: i + 1])
+                if any(s in text for s in stop_strings):
+                    return Generation(ids[: i + 1], logps[: i + 1], "stop")
+    return Generation(ids, logps, "length")
+
+
+class VLLMGenerator:
+    """The rollout's generator over TRL's ``VLLMGeneration`` (``trainer.vllm_generation``).
+
+    Sampling settings (temperature, top-p) are the trainer's; stop strings reach vLLM through
+    ``GRPOConfig.generation_kwargs`` (``stop`` + ``include_stop_str_in_output``), and each row is still cut
+    here at its first stop (vLLM ends the text there but may keep the whole last token). Log-probs are
+    vLLM's sampled-token log-probs, which TRL's importance-sampling correction expects.
+    """
+
+    def __init__(
+        self, vllm_generation, tokenizer, *, stop_strings: Sequence[str], eos_token_ids: Sequence[int]
+    ):
+        self.vllm = vllm_generation
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids if t is not None)
+        tp = int(getattr(vllm_generation, "tensor_parallel_size", 1) or 1)
+        # server mode gathers every rank's prompts and slices the answer by equal shares; colocate with
+        # tensor parallelism does the same within its group: both need every rank, with equal widths
+        self.collective = vllm_generation.mode == "server" or tp > 1
+        self._dummy = [int(next(iter(self.eos_token_ids), 0))]
+
+    def idle(self, max_new_tokens: int) -> None:
+        if self.collective:
+            self.generate([], max_new_tokens, width=1)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, width: int | None = None
+    ) -> list[Generation]:
+        """Continue each prompt by at most ``max_new_tokens``; a collective call pads to ``width`` rows."""
+        rows = [list(p) for p in prompts]
+        if self.collective:
+            rows += [self._dummy] * max(0, (width or len(rows)) - len(rows))
+        if not rows:
+            return []
+        self.vllm.max_completion_length = max_new_tokens  # read by VLLMGeneration at call time
+        _, completion_ids, logprobs, _ = self.vllm.generate(prompts=rows, images=None, num_generations=1)
+        out = []
+        for ids, lps in zip(completion_ids[: len(prompts)], logprobs[: len(prompts)], strict=True):
+            flat = [float(lp[0]) if isinstance(lp, list | tuple) else float(lp) for lp in lps]
+            out.append(cut_at_stop(list(ids), flat, self.tokenizer, self.stop_strings, self.eos_token_ids))
+        return out

@@ -8,6 +8,13 @@ decoded and re-tokenised.
 
 Each turn generates for all active trajectories in one batch, stopping at ``</search>``, ``</answer>``
 or EOS; every search of the turn goes to the engine in one call.
+
+With several training processes each rank rolls out its own slice of the batch, in lockstep: every turn
+starts with one all-reduce (:class:`zerosim.distributed.TurnSync`), a rank whose trajectories are all done
+keeps taking part in collective generation (``idle``) and calls the engine every turn like the others,
+until no rank has work left. The noise of each search is a pure function of (seed, step, trajectory's
+index in the global batch, search number), so a rank draws what one process rolling out the whole batch
+would have drawn.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from curricula import NoiseSchedule, draw_noise
+from curricula import NoiseSchedule, trajectory_noise
 from zerosim.config import RolloutConfig
-from zerosim.generation import Generation, HFGenerator
+from zerosim.distributed import SingleProcess, TurnSync
+from zerosim.generation import Generation, HFGenerator, VLLMGenerator
 from zerosim.metrics import exact_match
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
@@ -69,6 +78,7 @@ class Trajectory:
     prompt_ids: list[int]
     question: str
     answers: tuple[str, ...]
+    index: int = 0  # position in the global batch (all ranks): the noise draws' stream
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -173,7 +183,7 @@ class SearchRollout:
     def encode_prompt(self, prompt: str) -> list[int]:
         return self.tokens.prompt(prompt)
 
-    def generator_for(self, model) -> HFGenerator:
+    def generator_for(self, model, collective: bool = False) -> HFGenerator:
         return HFGenerator(
             model,
             self.tokenizer,
@@ -181,13 +191,36 @@ class SearchRollout:
             top_p=self.config.top_p,
             stop_strings=STOP_STRINGS,
             eos_token_ids=self._eos_ids,
+            collective=collective,
         )
 
     # -- TRL entry point -------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer) -> dict[str, list]:
         step = int(trainer.state.global_step)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        trajectories, timing = self.run(self.generator_for(model), prompts, step)
+        sync = TurnSync(trainer.accelerator)
+        offset = sync.process_index * len(prompts)  # TRL hands every rank an equal slice, in rank order
+        if getattr(trainer, "use_vllm", False):
+            context = nullcontext(None)  # TRL synced the vLLM weights before calling us
+        else:
+            from trl.models import unwrap_model_for_generation
+
+            # ZeRO-3: gather the shards once for the whole rollout (TRL's ds3_gather_for_generation)
+            context = unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            )
+        with context as model:
+            if model is None:
+                generator = VLLMGenerator(
+                    trainer.vllm_generation,
+                    self.tokenizer,
+                    stop_strings=STOP_STRINGS,
+                    eos_token_ids=self._eos_ids,
+                )
+            else:
+                generator = self.generator_for(model, collective=_synced_decoding(model, sync))
+            trajectories, timing = self.run(generator, prompts, step, sync=sync, offset=offset)
         for name, value in self.metrics(trajectories, step, timing).items():
             trainer._log_metric(name, value)  # TRL's reward-function metric hook; averaged across ranks
         self._keep_samples(trajectories, step)
@@ -203,30 +236,46 @@ class SearchRollout:
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
-    def run(self, generator, prompts: Sequence[Any], step: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """Roll out one trajectory per prompt; returns them and the time spent generating and searching."""
+    def run(
+        self, generator, prompts: Sequence[Any], step: int, *, sync=None, offset: int = 0
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out one trajectory per prompt; returns them and the time spent generating and searching.
+
+        ``sync`` (:class:`TurnSync`) keeps the ranks of a multi-process run in lockstep; ``offset`` is the
+        global index of this rank's first trajectory.
+        """
         cfg = self.config
+        sync = sync or SingleProcess()
         trajectories = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
             if text not in self.examples:
                 raise KeyError(f"rollout got a prompt that is not in the training data: {text[:80]!r}")
             question, answers = self.examples[text]
-            trajectories.append(Trajectory(self.encode_prompt(text), question, tuple(answers)))
+            trajectories.append(
+                Trajectory(self.encode_prompt(text), question, tuple(answers), index=offset + i)
+            )
         timing = {"generate": 0.0, "search": 0.0}
         p_noise = self.schedule.probability(step)
+        lockstep = sync.num_processes > 1
 
         for turn in range(cfg.max_turns):
             active = [t for t in trajectories if not t.done]
-            if not active:
+            room = max((cfg.max_completion_tokens - len(t.completion_ids) for t in active), default=0)
+            state = sync.turn(len(active), min(cfg.max_new_tokens, room))
+            if not state.active:
                 break
             last_turn = turn == cfg.max_turns - 1
             budget = [cfg.max_completion_tokens - len(t.completion_ids) for t in active]
             started = time.perf_counter()
-            outputs = generator.generate(
-                [t.prompt_ids + t.completion_ids for t in active],
-                max(1, min(cfg.max_new_tokens, max(budget))),
-            )
+            contexts = [t.prompt_ids + t.completion_ids for t in active]
+            if not lockstep:
+                outputs = generator.generate(contexts, max(1, state.budget))
+            elif active:
+                outputs = generator.generate(contexts, max(1, state.budget), width=state.width)
+            else:  # done early: still take part in the turn's collectives
+                outputs = []
+                generator.idle(max(1, state.budget))
             timing["generate"] += time.perf_counter() - started
 
             searching: list[tuple[Trajectory, str]] = []
@@ -251,9 +300,9 @@ class SearchRollout:
                 if not traj.done and len(traj.completion_ids) >= cfg.max_completion_tokens:
                     traj.finish = "max_tokens"
             searching = [(t, q) for t, q in searching if not t.done]
-            if searching:
+            if searching or lockstep:  # every rank calls the engine each turn, possibly with nothing
                 started = time.perf_counter()
-                self._search(searching, step, turn, p_noise)
+                self._search(searching, step, p_noise)
                 timing["search"] += time.perf_counter() - started
         for traj in trajectories:
             # Observations may push a trajectory over the cap; the cap is on the whole completion.
@@ -286,19 +335,23 @@ class SearchRollout:
         ]
         return trajectories, timing
 
-    def _search(self, searching: list[tuple[Trajectory, str]], step: int, call: int, p_noise: float) -> None:
-        patterns = draw_noise(
-            seed=self.seed,
-            step=step,
-            call=call,
-            n_requests=len(searching),
-            k=self.k,
-            p=p_noise,
-            granularity=self.granularity,
-        )
+    def _search(self, searching: list[tuple[Trajectory, str]], step: int, p_noise: float) -> None:
         requests = [
-            SearchRequest(query=q, question=t.question, answers=t.answers, noise=pattern)
-            for (t, q), pattern in zip(searching, patterns, strict=True)
+            SearchRequest(
+                query=q,
+                question=t.question,
+                answers=t.answers,
+                noise=trajectory_noise(
+                    seed=self.seed,
+                    step=step,
+                    trajectory=t.index,
+                    search=t.searches,
+                    k=self.k,
+                    p=p_noise,
+                    granularity=self.granularity,
+                ),
+            )
+            for t, q in searching
         ]
         results = self.engine.search(requests, self.k)
         if len(results) != len(requests):
@@ -361,3 +414,13 @@ class SearchRollout:
                     "environment_tokens": len(traj.env_mask) - sum(traj.env_mask),
                 }
             )
+
+
+def _synced_decoding(model, sync) -> bool:
+    """Whether transformers ``generate`` will synchronise decoding steps across ranks (``synced_gpus``)."""
+    if sync.num_processes < 2:
+        return False
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
