@@ -78,3 +78,29 @@ def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir):
     (run,) = mlflow.search_runs(experiment_names=["zerosim"], output_format="list")
     assert run.data.tags["zerosim.job"] == "warmstart" and "train_loss" in run.data.metrics
     assert not (tmp_path / "out" / "ws" / "warmstart" / "trainer").exists()
+
+
+def test_grounded_examples_answer_only_what_the_documents_show(tokenizer):
+    class Mixed:
+        def search(self, requests, k):
+            out = []
+            for r in requests:
+                text = "Peru: capital Lima" if "Peru" in r.query else "Chile is long and narrow"
+                out.append([Document("d", "t", text + " | filler" * 40)] * k)
+            return out
+
+    questions = [
+        QAExample("p", "What is the capital of Peru?", ("City of Lima", "Lima"), {}),
+        QAExample("c", "What is the capital of Chile?", ("Santiago",), {}),
+        QAExample("p2", "Peru capital city?", ("Lima",), {}),
+    ]
+    rows = build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24, grounded=True)
+    assert len(rows) == 2  # Chile's documents never show Santiago: no trajectory for it
+    trained = [
+        tokenizer.decode([t for t, lab in zip(r["input_ids"], r["labels"], strict=True) if lab != IGNORE_INDEX])
+        for r in rows
+    ]
+    assert all(parse_action(t)[1] == "Lima" for t in trained)  # the gold answer the documents hold
+    assert len(build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24, limit=1)) == 1
+    # ungrounded keeps every question and writes its first gold answer
+    assert len(build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24)) == 3

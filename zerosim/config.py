@@ -204,6 +204,7 @@ class WarmstartConfig:
     data: str = EMBEDDED_DATA  # questions to build trajectories from: file, HF id, or "factbook"
     split: str = "train"  # split of those questions
     num_examples: int = 256  # synthetic trajectories to build
+    grounded: bool = True  # keep only trajectories whose clipped documents hold the gold answer they write
     max_steps: int = 40  # SFT optimizer steps
     learning_rate: float = 1e-4  # SFT learning rate
     batch_size: int = 8  # SFT batch size

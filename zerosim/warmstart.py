@@ -3,7 +3,10 @@
 A small instruct model prompted with the tag protocol never emits ``<search>`` or ``<answer>`` (measured
 on SmolLM2-135M-Instruct: 0 of 16 samples), so RL from zero reward learns nothing. Warm-starting on a few
 hundred synthetic trajectories — think, search with a real retriever, read, think, answer — teaches the
-protocol. The trajectories are built from the *same* token pieces the RL rollout uses (prompt, observation
+protocol. With ``grounded`` (the default) only trajectories whose ``<information>`` block, as the policy sees
+it after clipping, holds a gold answer are kept, and that answer is the one written: the policy learns to
+read its answer from the documents rather than to write a gold answer it was never shown (which teaches
+confident guessing). The trajectories are built from the *same* token pieces the RL rollout uses (prompt, observation
 block), and the ``<information>`` tokens are masked out of the SFT loss exactly as they are in RL.
 """
 
@@ -48,16 +51,35 @@ def build_examples(
     max_obs_tokens: int,
     seed: int = 0,
     batch_size: int = 64,
+    grounded: bool = False,
+    limit: int | None = None,
 ) -> list[dict[str, list[int]]]:
-    """Tokenised trajectories with ``labels`` = ``IGNORE_INDEX`` on the prompt and on every observation token."""
+    """Tokenised trajectories with ``labels`` = ``IGNORE_INDEX`` on the prompt and on every observation token.
+
+    ``grounded``: skip questions whose clipped observation holds no gold answer. ``limit``: stop after that
+    many trajectories.
+    """
+    from zerosim.metrics import answer_in_text
+
     rng = random.Random(seed)
     tokens = ProtocolTokens(tokenizer, max_obs_tokens)
     rows: list[dict[str, list[int]]] = []
     for start in range(0, len(questions), batch_size):
+        if limit is not None and len(rows) >= limit:
+            break
         batch = questions[start : start + batch_size]
         results = engine.search([SearchRequest(query=q.question) for q in batch], k)
         for ex, docs in zip(batch, results, strict=True):
+            if limit is not None and len(rows) >= limit:
+                break
             answer = ex.golden_answers[0]
+            observation = tokens.observation(docs)
+            if grounded:
+                seen = tokenizer.decode(observation, skip_special_tokens=True)
+                found = [a for a in ex.golden_answers if answer_in_text(seen, [a])]
+                if not found:
+                    continue
+                answer = found[0]
             first = (
                 f"<think>{rng.choice(_THINK_BEFORE).format(topic=_topic(ex.question))}</think>\n"
                 f"<search> {ex.question.strip()} </search>"
@@ -65,7 +87,6 @@ def build_examples(
             second = f"<think>{rng.choice(_THINK_AFTER).format(answer=answer)}</think>\n<answer> {answer} </answer>"
             prompt = tokens.prompt(build_prompt(ex.question))
             policy_1 = tokens.encode(first)
-            observation = tokens.observation(docs)
             policy_2 = tokens.encode(second) + [tokenizer.eos_token_id]
             input_ids = prompt + policy_1 + observation + policy_2
             labels = [IGNORE_INDEX] * len(prompt) + policy_1 + [IGNORE_INDEX] * len(observation) + policy_2
@@ -88,13 +109,25 @@ def run_warmstart(
 
     questions = load_questions(cfg.data, cfg.split)
     rng = random.Random(seed)
-    questions = rng.sample(questions, min(cfg.num_examples, len(questions)))
+    questions = rng.sample(questions, len(questions))  # a seeded order; built until num_examples are kept
     tokenizer = load_tokenizer(policy)
     if engine is None:
         engine = build_search_engine(cfg.search, seed=seed)
     rows = build_examples(
-        questions, engine, tokenizer, k=cfg.search.k, max_obs_tokens=cfg.max_obs_tokens, seed=seed
+        questions,
+        engine,
+        tokenizer,
+        k=cfg.search.k,
+        max_obs_tokens=cfg.max_obs_tokens,
+        seed=seed,
+        grounded=cfg.grounded,
+        limit=cfg.num_examples,
     )
+    if not rows:
+        raise ValueError(
+            f"no warm-start trajectory: no question of {cfg.data} ({cfg.split}) had a gold answer in its "
+            f"clipped search results; raise warmstart.max_obs_tokens or set warmstart.grounded=false"
+        )
     model = load_causal_lm(policy)
     import torch
 
