@@ -97,7 +97,9 @@ def test_grounded_examples_answer_only_what_the_documents_show(tokenizer):
     rows = build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24, grounded=True)
     assert len(rows) == 2  # Chile's documents never show Santiago: no trajectory for it
     trained = [
-        tokenizer.decode([t for t, lab in zip(r["input_ids"], r["labels"], strict=True) if lab != IGNORE_INDEX])
+        tokenizer.decode(
+            [t for t, lab in zip(r["input_ids"], r["labels"], strict=True) if lab != IGNORE_INDEX]
+        )
         for r in rows
     ]
     assert all(parse_action(t)[1] == "Lima" for t in trained)  # the gold answer the documents hold

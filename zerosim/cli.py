@@ -49,14 +49,34 @@ def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema:
 def train(
     config: Path = typer.Option(None, "--config", "-c", help="YAML recipe, e.g. configs/demo.yaml"),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. trainer.max_steps=10"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Resolve the recipe and print the plan; load no weights, start nothing."
+    ),
+    processes: int = typer.Option(
+        None, "--processes", help="With --dry-run: plan for N training processes (default: $WORLD_SIZE or 1)."
+    ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
-    from zerosim.config import TrainConfig
+    from zerosim.config import ConfigError, TrainConfig
     from zerosim.models import ModelError
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
     cfg = _load(config, {}, overrides, TrainConfig)
+    if dry_run:
+        from rich.table import Table
+
+        from zerosim.plan import plan
+
+        try:
+            rows = plan(cfg, processes)
+        except (ConfigError, ModelError, ValueError) as exc:
+            _fail(str(exc))
+        table = Table(title=f"zerosim train {config or ''} (dry run: nothing loaded)", show_header=False)
+        for item, value in rows:
+            table.add_row(item, value)
+        console.print(table, width=160)
+        return
     from zerosim.train import train as run_training
 
     started = time.perf_counter()

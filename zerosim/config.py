@@ -114,6 +114,7 @@ class HTTPConfig:
     connect_timeout: float = 2.0  # seconds to connect before a retry
     read_timeout: float = 60.0  # seconds to wait for an answer before a retry
     retries: int = 3  # attempts before the search fails with an error naming the URL
+    max_connections: int = 2  # connections each training process keeps open (a server sees processes x this)
 
 
 @dataclass
@@ -194,6 +195,15 @@ class TrainerConfig:
     gamma: float = 1.0  # ppo: GAE discount over policy tokens (ZeroSearch / Search-R1: 1)
     lam: float = 1.0  # ppo: GAE lambda (ZeroSearch / Search-R1: 1)
     value_clip: float = 0.2  # ppo: clip range of the value loss around the old values
+    generation: str = (
+        "hf"  # policy sampling: hf (transformers generate) | vllm_colocate | vllm_server (TRL's vLLM modes)
+    )
+    vllm_server_url: str = "http://127.0.0.1:8000"  # vllm_server: a `trl vllm-serve --model <policy>` server
+    vllm_gpu_memory_utilization: float = 0.3  # vllm_colocate: GPU memory share vLLM may take beside training
+    vllm_tensor_parallel_size: int = 1  # vllm_colocate: GPUs per vLLM engine
+    vllm_max_model_length: int | None = (
+        None  # vLLM context length; None = prompt + max_completion_tokens + 512
+    )
 
 
 @dataclass
@@ -365,6 +375,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "curriculum.granularity": ("call", "document"),
     "reward.metric": ("em", "f1", "cover_em"),
     "trainer.algorithm": ("grpo", "dr_grpo", "dapo", "rloo", "reinforce", "reinforce_pp", "ppo"),
+    "trainer.generation": ("hf", "vllm_colocate", "vllm_server"),
 }
 
 

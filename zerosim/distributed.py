@@ -12,7 +12,10 @@ here is a distributed layer of its own.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -64,3 +67,49 @@ class SingleProcess:
 
     def turn(self, active: int, budget: int) -> TurnState:
         return TurnState(active, budget)
+
+
+def process_state():
+    """accelerate's ``PartialState``: initialises the process group under ``accelerate launch``."""
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    # Without CUDA the ranks talk over gloo: PartialState only picks it when told it runs on CPU
+    # (accelerate's Accelerator reads ACCELERATE_USE_CPU itself; PartialState does not).
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
+
+
+def broadcast_object(value, state):
+    """``value`` as the main process has it, on every rank (a no-op with one process)."""
+    if state.num_processes < 2:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    holder = [value]
+    broadcast_object_list(holder, from_process=0)
+    return holder[0]
+
+
+@contextlib.contextmanager
+def shared_atomic_directory(target: str | Path, state) -> Iterator[Path]:
+    """:func:`zerosim.fsutil.atomic_directory` for a save every rank takes part in (ZeRO-3/FSDP gather).
+
+    The main process makes the temporary directory and tells the others; all write into it; after a
+    barrier the main process renames it over ``target``. With one process it is ``atomic_directory``.
+    """
+    from zerosim.fsutil import atomic_directory
+
+    if state.num_processes < 2:
+        with atomic_directory(target) as tmp:
+            yield tmp
+        return
+    if state.is_main_process:
+        with atomic_directory(target) as tmp:
+            broadcast_object(str(tmp), state)
+            yield tmp
+            state.wait_for_everyone()
+    else:
+        tmp = Path(broadcast_object(None, state))
+        yield tmp
+        state.wait_for_everyone()
+    state.wait_for_everyone()  # the rename is done before anyone reads the target

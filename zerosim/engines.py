@@ -120,6 +120,10 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
 
         h = cfg.http
         return HTTPSearchEngine(
-            h.url, connect_timeout=h.connect_timeout, read_timeout=h.read_timeout, retries=h.retries
+            h.url,
+            connect_timeout=h.connect_timeout,
+            read_timeout=h.read_timeout,
+            retries=h.retries,
+            max_connections=h.max_connections,
         )
     raise ValueError(f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http")

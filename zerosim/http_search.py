@@ -17,6 +17,8 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from zerosim.httpretry import Retryable, RetryingClient, check_settings
 from zerosim.search import Document, SearchRequest
 
@@ -38,6 +40,8 @@ class HTTPSearchEngine:
             :class:`SearchError`; a 404 (a plain Search-R1 server has no ``/health``) only warns.
         send_training_fields: send each request's ``question``, ``answers`` and ``noise`` along (the server's
             extension fields, for a simulator behind it; a Search-R1 server ignores them).
+        max_connections: connections this process keeps open to the server. Every training rank holds its
+            own engine, so a shared server sees at most ``ranks x max_connections``.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class HTTPSearchEngine:
         max_backoff: float = 8.0,
         check_health: bool = True,
         send_training_fields: bool = True,
+        max_connections: int = 2,
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -76,6 +81,7 @@ class HTTPSearchEngine:
             backoff=backoff,
             max_backoff=max_backoff,
             log=logger,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
         self.server_info: dict[str, Any] | None = None  # the /health answer, when the server has one
         if check_health:

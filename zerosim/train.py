@@ -6,16 +6,19 @@ Read top to bottom: config → data → policy → search engine → curriculum 
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import TrainerCallback
 
 from curricula import build_schedule
-from zerosim.config import TrainConfig
+from zerosim.config import ConfigError, TrainConfig
 from zerosim.data.embedded import load_questions
+from zerosim.distributed import broadcast_object, process_state, shared_atomic_directory
 from zerosim.engines import build_search_engine
 from zerosim.fsutil import atomic_directory, atomic_write_text
 from zerosim.models import load_causal_lm, load_tokenizer
@@ -87,7 +90,51 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         gradient_checkpointing=False,
         dataloader_num_workers=0,
         disable_tqdm=False,
+        **vllm_args(cfg),
     )
+
+
+def vllm_args(cfg: TrainConfig) -> dict[str, Any]:
+    """``GRPOConfig`` fields for ``trainer.generation`` (none for hf): TRL runs vLLM and syncs its weights."""
+    from zerosim.rollout import STOP_STRINGS
+
+    t = cfg.trainer
+    if t.generation == "hf":
+        return {}
+    r = cfg.rollout
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate" if t.generation == "vllm_colocate" else "server",
+        "vllm_server_base_url": t.vllm_server_url,
+        "vllm_gpu_memory_utilization": t.vllm_gpu_memory_utilization,
+        "vllm_tensor_parallel_size": t.vllm_tensor_parallel_size,
+        # room for the longest prompt (~256 tokens of instruction + question) and the whole trajectory
+        "vllm_max_model_length": t.vllm_max_model_length or r.max_completion_tokens + 512,
+        # each turn stops at the first </search> or </answer>, kept in the text like the HF path does
+        "generation_kwargs": {"stop": list(STOP_STRINGS), "include_stop_str_in_output": True},
+        "top_p": r.top_p,
+    }
+
+
+def require_vllm(cfg: TrainConfig) -> None:
+    """A clear error, before any weight is loaded, when ``trainer.generation`` asks for vLLM it cannot have."""
+    import importlib.util
+
+    if cfg.trainer.generation == "hf":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"trainer.generation={cfg.trainer.generation} needs vLLM, which is not installed here; install it on "
+            "a CUDA machine (pip install vllm, the version TRL supports) or use trainer.generation=hf"
+        )
+    if cfg.trainer.generation == "vllm_colocate" and not torch.cuda.is_available():
+        raise ConfigError(
+            "trainer.generation=vllm_colocate needs a CUDA GPU; use trainer.generation=hf on CPU"
+        )
+
+
+def _reusable_warmstart(cfg: TrainConfig, output_dir: Path) -> bool:
+    return cfg.warmstart.reuse and (output_dir / "warmstart" / "final" / "config.json").is_file()
 
 
 def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
@@ -95,7 +142,7 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
     from zerosim.warmstart import run_warmstart
 
     target = output_dir / "warmstart" / "final"
-    if cfg.warmstart.reuse and (target / "config.json").is_file():
+    if _reusable_warmstart(cfg, output_dir):
         return target
     return run_warmstart(
         cfg.warmstart,
@@ -133,6 +180,8 @@ class ZerosimState(TrainerCallback):
         import os
         import tempfile
 
+        if not state.is_world_process_zero:  # one writer; every rank holds the same curriculum and critic
+            return
         trainer = self.trainer_ref[0]
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         payload = {"global_step": state.global_step}
@@ -208,12 +257,21 @@ def train(cfg: TrainConfig) -> TrainResult:
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
+    require_vllm(cfg)
+    procs = process_state()  # under `accelerate launch`: one of several ranks
+    main = procs.is_main_process
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     dataset, examples = build_dataset(cfg)
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:
+        if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):
+            raise ConfigError(
+                "warmstart.enabled with several processes: run the warm start once first "
+                "(`zerosim policy warmstart --config RECIPE`, one process), then launch training — it reuses "
+                f"{output_dir / 'warmstart' / 'final'}"
+            )
         policy_model = str(warmstart_checkpoint(cfg, output_dir))
     tokenizer = load_tokenizer(policy_model)
     policy = load_causal_lm(policy_model, cfg.policy.dtype)
@@ -245,15 +303,22 @@ def train(cfg: TrainConfig) -> TrainResult:
         step_rewards=step_weights(cfg),
     )
 
-    tags = {"zerosim.job": "train", "zerosim.policy_init": policy_model}
+    tags = {
+        "zerosim.job": "train",
+        "zerosim.policy_init": policy_model,
+        "zerosim.processes": str(procs.num_processes),
+    }
     checkpoint_in, run_id = resume_point(cfg, output_dir)
-    with mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) as run:
-        if checkpoint_in is None:
+    # one MLflow run per job: the main process owns it (TRL's callback logs from the main process only)
+    tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) if main else nullcontext()
+    with tracking as run:
+        run_id = broadcast_object(run.info.run_id if main else None, procs)
+        if main and checkpoint_in is None:
             import json
 
             log_config(cfg)
             atomic_write_text(output_dir / RUN_FILE, json.dumps({"run_id": run.info.run_id}))
-        else:
+        elif main:
             import mlflow
 
             mlflow.set_tag("zerosim.resumed_from", str(checkpoint_in.resolve()))
@@ -293,19 +358,24 @@ def train(cfg: TrainConfig) -> TrainResult:
         if checkpoint_in is not None:
             state_callback.load(checkpoint_in)
         trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
-        log_jsonl(rollout.samples, "samples/trajectories.jsonl")
-        log_training_curves(trainer.state.log_history)
+        if main:
+            log_jsonl(rollout.samples, "samples/trajectories.jsonl")
+            log_training_curves(trainer.state.log_history)
         checkpoint = None
         if cfg.trainer.save_final:
             checkpoint = output_dir / "final"
-            with atomic_directory(checkpoint) as tmp:
-                trainer.save_model(str(tmp))
-                tokenizer.save_pretrained(str(tmp))
-            if critic is not None:
+            with shared_atomic_directory(checkpoint, procs) as tmp:
+                trainer.save_model(
+                    str(tmp)
+                )  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
+                if main:
+                    tokenizer.save_pretrained(str(tmp))
+            if critic is not None and main:  # the critic copies are identical (averaged gradients)
                 with atomic_directory(output_dir / "critic") as tmp:
                     trainer.save_critic(tmp)
-            import mlflow
+            if main:
+                import mlflow
 
-            mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
-            mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
-        return TrainResult(run_id=run.info.run_id, checkpoint=checkpoint, steps=trainer.state.global_step)
+                mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
+                mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
+        return TrainResult(run_id=run_id, checkpoint=checkpoint, steps=trainer.state.global_step)

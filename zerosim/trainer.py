@@ -178,6 +178,7 @@ class SearchTrainer(GRPOTrainer):
             loss = value_loss(values, old_values, returns, mask, self.value_clip)
             self.critic_optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            self._average_critic_grads()
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
             self.critic_optimizer.step()
             losses.append(loss.item())
@@ -189,6 +190,19 @@ class SearchTrainer(GRPOTrainer):
             "critic/value_mean": masked_mean(old_values, mask).item(),
             "critic/explained_variance": explained.item(),
         }
+
+    def _average_critic_grads(self) -> None:
+        """Data-parallel critic: every rank steps with the mean gradient, so the copies stay identical.
+
+        The critic is a small LM kept whole on every rank (not sharded by DeepSpeed/FSDP), trained by its
+        own optimizer; one all-reduce of its gradients per critic step is what DDP would do for it.
+        """
+        if self.accelerator.num_processes < 2:
+            return
+        for p in self.critic.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+                p.grad /= self.accelerator.num_processes
 
     def save_critic(self, path) -> None:
         if self.critic is not None:

@@ -1,0 +1,89 @@
+"""Run ``zerosim train`` (the CLI, unchanged) in one process of an ``accelerate launch`` group, with the
+policy's sampling scripted so that the ranks' trajectories finish on different turns.
+
+Rank 0's trajectories answer at their first turn; rank 1's search first and answer at the second. Each
+rank writes what it did to ``$ZEROSIM_TRACE/rank<R>.jsonl`` (generate / engine calls per rollout, the noise
+patterns it drew, the scheduled probability), for the test to compare across ranks.
+Usage: accelerate launch --config_file configs/accelerate/ddp-cpu.yaml tests/helpers/multiproc_train.py ARGS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import zerosim.rollout as rollout_module
+from zerosim.cli import app
+from zerosim.generation import Generation
+
+RANK = int(os.environ.get("RANK", "0"))
+TRACE = Path(os.environ["ZEROSIM_TRACE"])
+TURNS = {0: ["<think>known</think><answer> City </answer>"],
+         1: ["<think>look</think><search> capital </search>", "<think>ok</think><answer> City </answer>"]}  # fmt: skip
+
+
+class ScriptedPolicy:
+    """Writes this rank's scripted turn for each row (its turn = the observations already in its context)."""
+
+    collective = True  # exercise the idle path: a rank with nothing left still takes part in each turn
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls: list[int] = []  # rows per call; 0 = idle
+
+    def idle(self, max_new_tokens):
+        self.calls.append(0)
+
+    def generate(self, prompts, max_new_tokens, width=None):
+        self.calls.append(len(prompts))
+        outs = []
+        for ids in prompts:
+            turn = self.tokenizer.decode(ids).count(rollout_module.INFO_OPEN)  # the prompt names the tag too
+            text = TURNS[RANK][min(turn, len(TURNS[RANK]) - 1)]
+            tok = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            outs.append(Generation(tok, [-1.0] * len(tok), "stop"))
+        return outs
+
+
+class CountingEngine:
+    def __init__(self, inner):
+        self.inner, self.calls, self.noise = inner, [], []
+
+    def search(self, requests, k):
+        self.calls.append(len(requests))
+        self.noise.extend(r.noise_for(k) for r in requests)
+        return self.inner.search(requests, k)
+
+
+_run = rollout_module.SearchRollout.run
+
+
+def traced_run(self, generator, prompts, step, *, sync=None, offset=0):
+    policy = ScriptedPolicy(self.tokenizer)
+    engine, self.engine = self.engine, CountingEngine(self.engine)
+    try:
+        trajectories, timing = _run(self, policy, prompts, step, sync=sync, offset=offset)
+    finally:
+        counted, self.engine = self.engine, engine
+    record = {
+        "rank": RANK,
+        "step": step,
+        "p": self.schedule.probability(step),
+        "offset": offset,
+        "generate_calls": policy.calls,
+        "engine_calls": counted.calls,
+        "noise": [[t.index, e["noisy"]] for t in trajectories for e in t.events],
+        "finish": [t.finish for t in trajectories],
+    }
+    with (TRACE / f"rank{RANK}.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    return trajectories, timing
+
+
+rollout_module.SearchRollout.run = traced_run
+
+if __name__ == "__main__":
+    TRACE.mkdir(parents=True, exist_ok=True)
+    sys.exit(app(["train", *sys.argv[1:]], standalone_mode=True))

@@ -1,0 +1,86 @@
+"""Two training processes (accelerate launch, gloo on CPU) whose ranks finish their trajectories on
+different turns: the job must neither hang nor split its MLflow run, and the ranks must agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from curricula import trajectory_noise
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def qa_files(tmp_path):
+    rows = [
+        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
+        for i, c in enumerate("ABCDEFGH")
+    ]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
+            + "\n"
+            for i, c in enumerate("ABCDEFGH")
+        )
+    )
+    return qa, corpus
+
+
+def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
+    import mlflow
+
+    qa, corpus = qa_files
+    db = tmp_path / "mlflow.db"
+    trace = tmp_path / "trace"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "ddp-cpu.yaml"), "--main_process_port", "0",
+        str(ROOT / "tests" / "helpers" / "multiproc_train.py"),
+        "--config", str(ROOT / "configs" / "demo.yaml"),
+        f"run.output_dir={tmp_path / 'out'}", "run.name=mp", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", "search.negatives=random",
+        "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
+        f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
+        "trainer.num_generations=2", "rollout.max_new_tokens=16", "rollout.max_turns=3",
+        f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=mp", "warmstart.enabled=false",
+    ]  # fmt: skip
+    env = {**os.environ, "ZEROSIM_TRACE": str(trace), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    ranks = [
+        [json.loads(line) for line in (trace / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)
+    ]
+    assert len(ranks[0]) == len(ranks[1]) == 2  # one rollout per step on each rank
+    for r0, r1 in zip(*ranks, strict=True):
+        assert r0["step"] == r1["step"] and r0["p"] == r1["p"]  # the same curriculum step and probability
+        assert set(r0["finish"]) == {"answer"} and set(r1["finish"]) == {"answer"}
+        # rank 0 is done after turn 1, rank 1 after turn 2: both take part in both turns, then stop together
+        assert r0["generate_calls"] == [4, 0] and r1["generate_calls"] == [4, 4]
+        assert r0["engine_calls"] == [0, 0] and r1["engine_calls"] == [4, 0]
+        assert (r0["offset"], r1["offset"]) == (0, 4)  # rank 1 holds trajectories 4..7 of the global batch
+        for index, noisy in r1["noise"]:  # a pure function of (seed, step, global trajectory, search)
+            expected = trajectory_noise(
+                seed=0, step=r1["step"], trajectory=index, search=0, k=3, p=0.5, granularity="document"
+            )
+            assert tuple(noisy) == expected
+        assert len({tuple(n) for _, n in r1["noise"]}) > 1  # distinct draws per trajectory
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    runs = mlflow.search_runs(experiment_names=["mp"], output_format="list")
+    assert len(runs) == 1  # the main process owns the one run
+    (run,) = runs
+    assert run.info.status == "FINISHED" and run.data.tags["zerosim.processes"] == "2"
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "rollout/searches_per_traj")
+    assert sorted(m.step for m in history) == [1, 2]
+    assert [m.value for m in history] == [0.5, 0.5]  # averaged over both ranks: 0 and 1 search per trajectory
+    assert (tmp_path / "out" / "mp" / "final" / "model.safetensors").is_file()
