@@ -75,7 +75,9 @@ def train(
         table = Table(title=f"zerosim train {config or ''} (dry run: nothing loaded)", show_header=False)
         for item, value in rows:
             table.add_row(item, value)
-        console.print(table, width=160)
+        from rich.console import Console
+
+        Console(width=160).print(table)  # the command's output: stdout
         return
     from zerosim.train import train as run_training
 

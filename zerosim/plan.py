@@ -88,13 +88,8 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
     """The resolved job as (item, value) rows."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
+    # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
     trajectories = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
-    if trajectories % t.num_generations:
-        raise ConfigError(
-            f"{trajectories} trajectories per step ({t.per_device_train_batch_size} per device x {processes} "
-            f"processes x {t.gradient_accumulation_steps} accumulation) is not a multiple of "
-            f"num_generations={t.num_generations}"
-        )
     total = c.total_steps or t.max_steps
     schedule = build_schedule(
         c.schedule, p_start=c.p_start, p_end=c.p_end, base=c.base, total_steps=total, stages=c.stages,

@@ -1,0 +1,74 @@
+"""``zerosim train --dry-run`` over every recipe, the plan's arithmetic, and the vLLM guard."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerosim.config import ConfigError, load_config
+from zerosim.plan import plan
+from zerosim.train import require_vllm, vllm_args
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_passes_dry_run(recipe, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerosim.cli", "train", "--config", str(recipe), "--dry-run", "--processes", "8"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"COLUMNS": "200", **_env()},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dry run: nothing loaded" in proc.stdout and "per step" in proc.stdout
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()  # nothing started
+
+
+def _env():
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+
+
+def test_plan_batch_arithmetic_and_curriculum():
+    cfg = load_config(ROOT / "configs" / "zerosearch-qwen2.5-3b.yaml")
+    rows = dict(plan(cfg, processes=8))
+    assert rows["per step"] == "320 trajectories = 64 prompts x 5 rollouts"  # the paper's 64 x 5
+    assert rows["curriculum"].startswith("exponential (call): p = 0.00@0") and rows["curriculum"].endswith(
+        "0.50@203"
+    )
+    assert "vllm_colocate" in rows["generation"]
+
+
+def test_dry_run_fails_on_what_would_fail_at_start(tmp_path):
+    cfg = load_config(None, [f"policy.model={tmp_path / 'missing-checkpoint'}"])
+    from zerosim.models import ModelError
+
+    with pytest.raises(ModelError, match="does not exist"):
+        plan(cfg)
+    with pytest.raises(ConfigError, match="must look like http://HOST:PORT"):
+        plan(load_config(None, ["search.engine=http", "search.http.url=localhost:8000"]))
+    with pytest.raises(ConfigError, match="data file .* does not exist"):
+        plan(load_config(None, [f"data.train={tmp_path / 'nope.jsonl'}"]))
+
+
+def test_vllm_generation_is_refused_clearly_where_vllm_is_missing():
+    import importlib.util
+
+    cfg = load_config(None, ["trainer.generation=vllm_server"])
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="trainer.generation=hf"):
+            require_vllm(cfg)
+    require_vllm(load_config(None, []))  # hf needs nothing
+    args = vllm_args(cfg)
+    assert args["use_vllm"] and args["vllm_mode"] == "server"
+    assert args["generation_kwargs"] == {
+        "stop": ["</search>", "</answer>"],
+        "include_stop_str_in_output": True,
+    }
+    assert vllm_args(load_config(None, [])) == {}
+    with pytest.raises(ConfigError, match="valid values: hf, vllm_colocate, vllm_server"):
+        load_config(None, ["trainer.generation=vllm"])
