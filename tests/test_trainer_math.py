@@ -112,3 +112,34 @@ def test_environment_tokens_get_exactly_zero_gradient(trainer):
     per_position = grad[:, -T - 1 : -1].abs().sum(-1)  # the positions predicting completion tokens 0..T-1
     assert torch.all(per_position[tool_mask == 0] == 0)  # exactly zero, not just small
     assert torch.all(per_position[tool_mask == 1] > 0)
+
+
+def test_collapse_guard_stops_only_after_patience_silent_steps():
+    from transformers import TrainerControl, TrainerState
+
+    from zerosim.train import CollapseGuard
+
+    guard, state, control = CollapseGuard(3), TrainerState(), TrainerControl()
+    logs = [
+        {"reward": 0.0, "frac_reward_zero_std": 1.0},
+        {"reward": 0.0, "frac_reward_zero_std": 1.0},
+        {
+            "reward": 0.3,
+            "frac_reward_zero_std": 1.0,
+        },  # all equal but not zero: a signal-free step, not a collapse
+        {"reward": 0.0, "frac_reward_zero_std": 0.5},  # some group still varies: gradient
+        {"reward": 0.0, "frac_reward_zero_std": 1.0},
+        {"reward": 0.0, "frac_reward_zero_std": 1.0},
+        {"loss": 0.1},  # other log lines do not break or extend the streak
+    ]
+    for step, entry in enumerate(logs, 1):
+        state.global_step = step
+        guard.on_log(None, state, control, logs=entry)
+    assert not control.should_training_stop and guard.collapsed_at is None
+    state.global_step = 8
+    guard.on_log(None, state, control, logs={"reward": 0.0, "frac_reward_zero_std": 1.0})
+    assert control.should_training_stop and guard.collapsed_at == 8
+    off = CollapseGuard(0)
+    for _ in range(10):
+        off.on_log(None, state, TrainerControl(), logs={"reward": 0.0, "frac_reward_zero_std": 1.0})
+    assert off.collapsed_at is None

@@ -195,6 +195,9 @@ class TrainerConfig:
     gamma: float = 1.0  # ppo: GAE discount over policy tokens (ZeroSearch / Search-R1: 1)
     lam: float = 1.0  # ppo: GAE lambda (ZeroSearch / Search-R1: 1)
     value_clip: float = 0.2  # ppo: clip range of the value loss around the old values
+    collapse_patience: int = (
+        5  # stop after N logged steps in a row where every trajectory scored 0 (no gradient); 0 = never
+    )
     generation: str = (
         "hf"  # policy sampling: hf (transformers generate) | vllm_colocate | vllm_server (TRL's vLLM modes)
     )

@@ -167,6 +167,30 @@ def last_complete_checkpoint(output_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+class CollapseGuard(TrainerCallback):
+    """Stops a run that has had no learning signal for ``patience`` logged steps in a row.
+
+    When every trajectory of a step scores the same (TRL's ``frac_reward_zero_std`` = 1) *and* that score
+    is 0, every advantage estimator here gives 0 — no gradient — and a policy that stopped searching and
+    answering (the GRPO collapse ZeroSearch users report) never recovers. Rather than spend the remaining
+    steps, the guard stops training; ``collapsed_at`` tells the caller where.
+    """
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.streak = 0
+        self.collapsed_at: int | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.patience < 1 or not logs or "reward" not in logs:
+            return
+        silent = logs.get("frac_reward_zero_std", 0.0) >= 1.0 and abs(logs["reward"]) < 1e-12
+        self.streak = self.streak + 1 if silent else 0
+        if self.streak >= self.patience:
+            self.collapsed_at = int(state.global_step)
+            control.should_training_stop = True
+
+
 class ZerosimState(TrainerCallback):
     """A ``TrainerCallback`` saving what transformers does not into each checkpoint: the curriculum state
     (adaptive schedules) and the PPO critic with its optimizer. Written atomically, after the trainer's
@@ -325,6 +349,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         t = cfg.trainer
         trainer_ref: list = []
         state_callback = ZerosimState(schedule, trainer_ref)
+        guard = CollapseGuard(t.collapse_patience)
         critic = None
         if t.algorithm == "ppo":
             critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
@@ -352,12 +377,24 @@ def train(cfg: TrainConfig) -> TrainResult:
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=rollout,
-            callbacks=[state_callback],
+            callbacks=[state_callback, guard],
         )
         trainer_ref.append(trainer)
         if checkpoint_in is not None:
             state_callback.load(checkpoint_in)
         trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
+        if guard.collapsed_at is not None and main:
+            import logging
+
+            import mlflow
+
+            mlflow.set_tag("zerosim.collapsed_at_step", str(guard.collapsed_at))
+            logging.getLogger(__name__).warning(
+                "stopped at step %d: every trajectory scored 0 for %d steps in a row (no learning signal). "
+                "Lower trainer.learning_rate, add trainer.beta, or resume from an earlier checkpoint.",
+                guard.collapsed_at,
+                t.collapse_patience,
+            )
         if main:
             log_jsonl(rollout.samples, "samples/trajectories.jsonl")
             log_training_curves(trainer.state.log_history)
