@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -347,3 +348,31 @@ def test_backoff_doubles_and_is_capped(monkeypatch):
 def test_bad_settings_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words):
         HTTPSearchEngine(**{"url": "http://127.0.0.1:9", "check_health": False, **kwargs})
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_each_process_keeps_to_its_connection_limit(limit):
+    """Threads sharing one engine never hold more than ``max_connections`` requests open to the server."""
+    lock, state = threading.Lock(), {"open": 0, "most": 0}
+
+    def reply(method, path, body):
+        if path == "/health":
+            return 404, b"{}", 0.0
+        with lock:
+            state["open"] += 1
+            state["most"] = max(state["most"], state["open"])
+        time.sleep(0.2)
+        with lock:
+            state["open"] -= 1
+        doc = {"document": {"id": "d", "contents": "T\nx"}, "score": 1.0}
+        return 200, json.dumps({"result": [[doc]]}).encode(), 0.0
+
+    with stub_server(reply) as (url, _):
+        engine = HTTPSearchEngine(url, max_connections=limit, **{**FAST, "read_timeout": 10.0})
+        try:
+            with ThreadPoolExecutor(6) as pool:
+                results = list(pool.map(lambda i: engine.search([SearchRequest(f"q{i}")], 1), range(6)))
+        finally:
+            engine.close()
+    assert all(len(r) == 1 for r in results)
+    assert state["most"] == limit

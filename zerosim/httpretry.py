@@ -46,9 +46,10 @@ class RetryingClient:
 
     Args:
         label: what the server is, as error messages name it (``"search server"``, ``"simulator server"``).
-        connect_timeout: seconds to wait for a TCP connection (also the write and pool timeouts: sending a
-            request body or waiting for a free connection is quick).
-        read_timeout: seconds to wait for the answer once the request is sent.
+        connect_timeout: seconds to wait for a TCP connection (also the write timeout: sending a request
+            body is quick).
+        read_timeout: seconds to wait for the answer once the request is sent; also how long a request may
+            wait for a free connection when ``limits`` are reached (that is waiting for another answer).
         retries: attempts in all (1 = no retry).
         backoff: seconds slept before the second attempt; doubled before each later one.
         max_backoff: upper bound on one sleep.
@@ -80,7 +81,7 @@ class RetryingClient:
         self.on_retry = on_retry
         self.log = log or logger
         timeout = httpx.Timeout(
-            connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout
+            connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=read_timeout
         )
         options = {"limits": limits} if limits is not None else {}  # else httpx's default limits
         self.client = httpx.Client(timeout=timeout, **options)
