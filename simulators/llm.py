@@ -13,6 +13,16 @@ Short answers (fewer documents than slots, garbled or empty text) are handled by
 
 A request for which nothing at all could be parsed gets a single failure document. Never an empty
 observation, never a crash; every shortfall is counted in :attr:`LLMSimulator.stats`.
+
+Noisy documents that give the answer away (they contain a gold answer, whole words after normalisation —
+the check the collect labels use) are handled by ``on_leak`` when the request carries its answers:
+
+- ``"reask"`` — write those slots once more (in the same extra call as the short ones), then relabel what
+  still leaks;
+- ``"relabel"`` — keep the document but mark it ``noisy=False``: the realised noise the curriculum logs
+  stays honest;
+- ``"keep"`` — trust the mode (ZeroSearch's behaviour; what ``zerosim simulator eval`` uses to measure the
+  model itself).
 """
 
 from __future__ import annotations
@@ -30,12 +40,14 @@ from typing import Any
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
+from zerosim.metrics import answer_in_text
 from zerosim.search import Document, SearchError, SearchRequest
 
 EMPTY_RESULT_TEXT = "The search engine returned no readable result for this query."
 MISSING_DOC_TEXT = "The search engine could not produce this result."
 FAILURE_TEXTS = frozenset({EMPTY_RESULT_TEXT, MISSING_DOC_TEXT})
 ON_SHORT = ("reask", "fill")
+ON_LEAK = ("reask", "relabel", "keep")
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ class LLMSimulator:
         prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`).
         seed: with the same prompts, the same seed gives the same documents.
         on_short: ``"reask"`` or ``"fill"`` — what to do when fewer documents than slots come back.
+        on_leak: ``"reask"``, ``"relabel"`` or ``"keep"`` — what to do with a noisy document holding a gold
+            answer (see the module docstring).
     """
 
     def __init__(
@@ -74,9 +88,12 @@ class LLMSimulator:
         prompts: SimulatorPrompts | str | Path | None = None,
         seed: int = 0,
         on_short: str = "reask",
+        on_leak: str = "reask",
     ):
         if on_short not in ON_SHORT:
             raise ValueError(f"on_short={on_short!r} is not one of {', '.join(ON_SHORT)}")
+        if on_leak not in ON_LEAK:
+            raise ValueError(f"on_leak={on_leak!r} is not one of {', '.join(ON_LEAK)}")
         if tokenizer is not None:
             backend = TransformersBackend(backend, tokenizer)
         if not callable(getattr(backend, "complete", None)):
@@ -92,6 +109,7 @@ class LLMSimulator:
         )
         self.seed = seed
         self.on_short = on_short
+        self.on_leak = on_leak
         self.stats: Counter[str] = Counter()
 
     @classmethod
@@ -134,6 +152,7 @@ class LLMSimulator:
             "top_p": self.top_p,
             "pass_answers": self.pass_answers,
             "on_short": self.on_short,
+            "on_leak": self.on_leak,
         }
 
     def close(self) -> None:
@@ -198,16 +217,27 @@ class LLMSimulator:
         jobs = self._jobs(requests, k)
         short = self._collect(jobs, self._complete(jobs, salt=""), found)
         self.stats["documents_requested"] += sum(len(j.slots) for j in jobs)
-        if short and self.on_short == "reask":
+        redo = short if self.on_short == "reask" else []
+        if self.on_leak == "reask":
+            leaks = self._leaks(jobs, requests, found)
+            self.stats["noisy_leaks"] += sum(len(j.slots) for j in leaks)
+            for job in leaks:
+                for slot in job.slots:
+                    del found[job.request_index][slot]
+            redo = _merge(redo + leaks)
+        if redo:
             retry = [
                 dataclasses.replace(j, prompt=self._prompt(requests[j.request_index], j.noisy, len(j.slots)))
-                for j in short
+                for j in redo
             ]
             self.stats["reasks"] += 1
             self.stats["documents_reasked"] += sum(len(j.slots) for j in retry)
             before = sum(map(len, found))
             self._collect(retry, self._complete(retry, salt="reask"), found)
             self.stats["documents_recovered"] += sum(map(len, found)) - before
+            if self.on_leak == "reask":
+                still = sum(len(j.slots) for j in self._leaks(retry, requests, found))
+                self.stats["noisy_leaks_fixed"] += sum(len(j.slots) for j in leaks) - still
 
         results = [self._assemble(i, req, k, found[i]) for i, req in enumerate(requests)]
         self.stats["requests"] += len(requests)
@@ -226,8 +256,28 @@ class LLMSimulator:
                 short.append(dataclasses.replace(job, slots=missing))
         return short
 
+    def _leaks(
+        self, jobs: Sequence[_Job], requests: Sequence[SearchRequest], found: list[dict[int, str]]
+    ) -> list[_Job]:
+        """Noisy jobs narrowed to the slots whose written document holds one of the request's gold answers."""
+        out = []
+        for job in jobs:
+            answers = requests[job.request_index].answers
+            if not job.noisy or not answers:
+                continue
+            texts = found[job.request_index]
+            slots = tuple(s for s in job.slots if s in texts and answer_in_text(texts[s], answers))
+            if slots:
+                out.append(dataclasses.replace(job, slots=slots))
+        return out
+
     def _assemble(self, i: int, req: SearchRequest, k: int, texts: dict[int, str]) -> list[Document]:
-        pattern = req.noise_for(k)
+        pattern = list(req.noise_for(k))
+        if self.on_leak != "keep" and req.answers:
+            for slot, text in texts.items():
+                if pattern[slot] and answer_in_text(text, req.answers):
+                    pattern[slot] = False  # it answers the question: not noise, whatever the prompt asked
+                    self.stats["noisy_relabelled"] += 1
         missing = k - len(texts)
         self.stats["documents_filled"] += missing
         if not texts:
@@ -243,6 +293,14 @@ class LLMSimulator:
             )
             for slot in range(k)
         ]
+
+
+def _merge(jobs: Sequence[_Job]) -> list[_Job]:
+    """One job per (request, mode), its slots the union of the given jobs' (a short job may also leak)."""
+    slots: dict[tuple[int, bool], set[int]] = {}
+    for job in jobs:
+        slots.setdefault((job.request_index, job.noisy), set()).update(job.slots)
+    return [_Job(i, noisy, tuple(sorted(s)), "") for (i, noisy), s in sorted(slots.items())]
 
 
 # -- template files -------------------------------------------------------------------------------------

@@ -168,6 +168,85 @@ def test_reask_that_still_fails_fills_and_never_returns_empty():
     assert sim.stats["reasks"] == 1 and sim.stats["empty_results"] == 2 and sim.stats["documents_filled"] == 4
 
 
+# -- noisy documents that give the answer away ---------------------------------------------------------------
+
+
+def test_leaking_noisy_slots_are_reasked_with_the_short_ones_then_relabelled():
+    backend = ScriptedBackend(
+        # request 1: useful slot 0 fine; noisy slots 1, 2: the second names the answer (Algiers)
+        # request 2: useful slot 2 fine; noisy slot 0 leaks, slot 1 missing
+        [
+            "Doc 1: Algiers is the capital.",
+            "Doc 1: Oran is a port.\nDoc 2: The capital is Algiers.",
+            "Doc 1: Algiers hosts the parliament.",
+            "Doc 1: Algiers, the capital.",
+        ],
+        # the re-ask: request 1's leaking slot now clean; request 2's two slots: one still leaks
+        ["Doc 1: Constantine has bridges.", "Doc 1: algiers, again.\nDoc 2: Tlemcen has mosques."],
+    )
+    sim = LLMSimulator(backend, on_short="reask", on_leak="reask")
+    q = ("What is the capital of Algeria?", ("Algiers",))
+    reqs = [
+        SearchRequest("capital", *q, (False, True, True)),
+        SearchRequest("capital", *q, (True, True, False)),
+    ]
+    first, second = sim.search(reqs, 3)
+    assert len(backend.calls) == 2
+    assert "write 1 short" in backend.calls[1][0] and "write 2 short" in backend.calls[1][1]
+    assert [d.text for d in first] == [
+        "Algiers is the capital.",
+        "Oran is a port.",
+        "Constantine has bridges.",
+    ]
+    assert [d.noisy for d in first] == [False, True, True]
+    # request 2: the re-asked slot that still leaks is relabelled (noisy=False), the missing one was written
+    assert [d.text for d in second[:2]] == ["algiers, again.", "Tlemcen has mosques."]
+    assert [d.noisy for d in second] == [False, True, False]
+    assert sim.stats["noisy_leaks"] == 2 and sim.stats["noisy_leaks_fixed"] == 1
+    assert sim.stats["noisy_relabelled"] == 1
+
+
+def test_a_leak_that_survives_the_reask_is_marked_useful():
+    backend = ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."], ["Doc 1: Still Algiers."])
+    sim = LLMSimulator(backend, on_leak="reask")
+    (docs,) = sim.search([SearchRequest("capital", "Capital?", ("Algiers",), (True, True))], 2)
+    assert [d.text for d in docs] == ["Still Algiers.", "Oran."]
+    assert [d.noisy for d in docs] == [False, True]  # the realised noise is what the policy really saw
+    assert sim.stats["noisy_leaks"] == 1 and sim.stats["noisy_leaks_fixed"] == 0
+    assert sim.stats["noisy_relabelled"] == 1
+
+
+@pytest.mark.parametrize("on_leak, noisy", [("relabel", [False, True]), ("keep", [True, True])])
+def test_relabel_and_keep_make_no_extra_call(on_leak, noisy):
+    backend = ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."])
+    sim = LLMSimulator(backend, on_leak=on_leak)
+    (docs,) = sim.search([SearchRequest("capital", "Capital?", ("Algiers",), (True, True))], 2)
+    assert len(backend.calls) == 1 and [d.noisy for d in docs] == noisy
+    assert sim.stats["noisy_relabelled"] == (1 if on_leak == "relabel" else 0)
+
+
+def test_without_answers_nothing_is_checked():
+    backend = ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."])
+    sim = LLMSimulator(backend, on_leak="reask")
+    (docs,) = sim.search([SearchRequest("capital", noise=(True, True))], 2)
+    assert len(backend.calls) == 1 and [d.noisy for d in docs] == [True, True]
+
+
+def test_engine_counters_reach_the_rollout_metrics():
+    from simulators import CachedSearchEngine
+    from zerosim.rollout import engine_counters
+
+    sim = LLMSimulator(ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."]), on_leak="relabel")
+    cached = CachedSearchEngine(sim, key_extra=sim.cache_key_extra())
+    req = SearchRequest("capital", "Capital?", ("Algiers",), (True, True))
+    cached.search([req], 2)
+    cached.search([req], 2)
+    counters = engine_counters(cached)
+    assert counters["search/cache/hits"] == 1 and counters["search/cache/misses"] == 1
+    assert counters["search/simulator/noisy_relabelled"] == 1
+    assert counters["search/simulator/requests"] == 1
+
+
 def test_bad_backend_answers_and_settings_are_errors():
     from zerosim.search import SearchError
 
@@ -179,6 +258,8 @@ def test_bad_backend_answers_and_settings_are_errors():
         LLMSimulator(Short()).search([SearchRequest("q")], 1)
     with pytest.raises(ValueError, match="on_short='retry'"):
         LLMSimulator(ScriptedBackend(), on_short="retry")
+    with pytest.raises(ValueError, match="on_leak='drop' is not one of reask, relabel, keep"):
+        LLMSimulator(ScriptedBackend(), on_leak="drop")
     assert LLMSimulator(ScriptedBackend()).search([], 3) == []
 
 

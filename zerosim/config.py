@@ -58,6 +58,7 @@ class SimulatorConfig:
     prompts_file: str | None = (
         None  # YAML/JSON replacing any of the templates useful, noisy, useful_context, noisy_context
     )
+    on_leak: str = "reask"  # noisy doc holding a gold answer: reask (once, then relabel) / relabel (mark it useful) / keep
     backend: str = "transformers"  # transformers (in-process) / openai (OpenAI-compatible server: vllm serve, zerosim simulator serve)
     url: str = "http://127.0.0.1:8001"  # backend=openai: the server's base URL
     served_model: str | None = (
@@ -177,6 +178,8 @@ class TrainerConfig:
     algorithm: str = "grpo"  # grpo | dr_grpo | dapo (TRL loss types) | rloo | reinforce | reinforce_pp | ppo (critic + GAE)
     max_steps: int = 5  # optimizer steps
     learning_rate: float = 1e-6  # AdamW learning rate
+    lr_scheduler: str = "constant"  # constant (veRL's default, as ZeroSearch / Search-R1 run) | linear | cosine decay over max_steps
+    warmup_ratio: float = 0.0  # share of max_steps spent warming the learning rate up from 0
     per_device_train_batch_size: int = 8  # trajectories per device per step (prompts x num_generations)
     num_generations: int = 4  # group size: trajectories per prompt (GRPO needs >= 2)
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
@@ -354,7 +357,10 @@ class SimulatorEvalConfig:
     run_name: str | None = (
         None  # MLflow run name; None = "quality-<model folder name>" (the run folder for .../final)
     )
-    simulator: SimulatorConfig = field(default_factory=lambda: SimulatorConfig(on_short="fill"))
+    # fill and keep: the report measures what the model writes, not what the guards make of it
+    simulator: SimulatorConfig = field(
+        default_factory=lambda: SimulatorConfig(on_short="fill", on_leak="keep")
+    )
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
 
 
@@ -368,6 +374,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "search.simulator.on_short": ("reask", "fill"),
     "simulator.backend": ("transformers", "openai"),
     "simulator.on_short": ("reask", "fill"),
+    "search.simulator.on_leak": ("reask", "relabel", "keep"),
+    "simulator.on_leak": ("reask", "relabel", "keep"),
     "queries": ("question", "policy"),
     "label": ("contains", "judge"),
     "objective": ("sft", "dpo"),
@@ -379,6 +387,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.metric": ("em", "f1", "cover_em"),
     "trainer.algorithm": ("grpo", "dr_grpo", "dapo", "rloo", "reinforce", "reinforce_pp", "ppo"),
     "trainer.generation": ("hf", "vllm_colocate", "vllm_server"),
+    "trainer.lr_scheduler": ("constant", "linear", "cosine"),
 }
 
 
@@ -471,6 +480,8 @@ def _check_ranges(cfg: Any) -> None:
             f"trainer.per_device_train_batch_size ({t.per_device_train_batch_size}) must be a multiple of "
             f"trainer.num_generations ({t.num_generations})"
         )
+    if not 0.0 <= t.warmup_ratio < 1.0:
+        raise ConfigError(f"trainer.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
     c = cfg.curriculum
     for name in ("p_start", "p_end"):
         if not 0.0 <= getattr(c, name) <= 1.0:

@@ -84,6 +84,7 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
             pass_answers=sim.pass_answers,
             prompts=sim.prompts_file,
             on_short=sim.on_short,
+            on_leak=sim.on_leak,
             seed=seed,
         )
         if sim.backend == "openai":

@@ -395,6 +395,7 @@ class SearchRollout:
                 if self.step_rewards is not None
                 else {}
             ),
+            **engine_counters(self.engine),
         }
 
     def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:
@@ -414,6 +415,25 @@ class SearchRollout:
                     "environment_tokens": len(traj.env_mask) - sum(traj.env_mask),
                 }
             )
+
+
+def engine_counters(engine: Any) -> dict[str, float]:
+    """The running counters of a search engine and the engines it wraps, as ``search/<layer>/<counter>``.
+
+    ``CachedSearchEngine`` gives ``search/cache/hits``…, ``LLMSimulator`` ``search/simulator/noisy_leaks``…
+    (cumulative since the start of the process).
+    """
+    out: dict[str, float] = {}
+    seen: set[int] = set()
+    while engine is not None and id(engine) not in seen:
+        seen.add(id(engine))
+        stats = getattr(engine, "stats", None)
+        if isinstance(stats, Mapping):
+            layer = type(engine).__name__.removesuffix("SearchEngine").lower()
+            layer = {"cached": "cache", "llmsimulator": "simulator"}.get(layer, layer)
+            out.update({f"search/{layer}/{key}": float(value) for key, value in stats.items()})
+        engine = getattr(engine, "engine", None) or getattr(engine, "inner", None)
+    return out
 
 
 def _synced_decoding(model, sync) -> bool:

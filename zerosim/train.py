@@ -70,6 +70,9 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         seed=cfg.run.seed,
         max_steps=t.max_steps,
         learning_rate=t.learning_rate,
+        # transformers' "constant" ignores warm-up; "constant_with_warmup" is the same curve when it is 0
+        lr_scheduler_type="constant_with_warmup" if t.lr_scheduler == "constant" else t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # transformers reads a value below 1 as a share of max_steps
         per_device_train_batch_size=t.per_device_train_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         num_generations=t.num_generations,
