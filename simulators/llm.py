@@ -236,7 +236,8 @@ class LLMSimulator:
             self._collect(retry, self._complete(retry, salt="reask"), found)
             self.stats["documents_recovered"] += sum(map(len, found)) - before
             if self.on_leak == "reask":
-                still = sum(len(j.slots) for j in self._leaks(retry, requests, found))
+                # only the slots that leaked the first time: a re-asked short slot may leak for the first time
+                still = sum(len(j.slots) for j in self._leaks(leaks, requests, found))
                 self.stats["noisy_leaks_fixed"] += sum(len(j.slots) for j in leaks) - still
 
         results = [self._assemble(i, req, k, found[i]) for i, req in enumerate(requests)]

@@ -206,6 +206,15 @@ def test_leaking_noisy_slots_are_reasked_with_the_short_ones_then_relabelled():
     assert sim.stats["noisy_relabelled"] == 1
 
 
+def test_a_short_slot_that_leaks_after_the_reask_is_relabelled_not_counted_as_a_fix():
+    backend = ScriptedBackend(["Doc 1: Oran."], ["Doc 1: Algiers."])
+    sim = LLMSimulator(backend, on_short="reask", on_leak="reask")
+    (docs,) = sim.search([SearchRequest("capital", "Capital?", ("Algiers",), (True, True))], 2)
+    assert [d.text for d in docs] == ["Oran.", "Algiers."] and [d.noisy for d in docs] == [True, False]
+    assert sim.stats["noisy_leaks"] == 0 and sim.stats["noisy_leaks_fixed"] == 0
+    assert sim.stats["noisy_relabelled"] == 1
+
+
 def test_a_leak_that_survives_the_reask_is_marked_useful():
     backend = ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."], ["Doc 1: Still Algiers."])
     sim = LLMSimulator(backend, on_leak="reask")

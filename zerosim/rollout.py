@@ -432,7 +432,8 @@ def engine_counters(engine: Any) -> dict[str, float]:
             layer = type(engine).__name__.removesuffix("SearchEngine").lower()
             layer = {"cached": "cache", "llmsimulator": "simulator"}.get(layer, layer)
             out.update({f"search/{layer}/{key}": float(value) for key, value in stats.items()})
-        engine = getattr(engine, "engine", None) or getattr(engine, "inner", None)
+        # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever
+        engine = getattr(engine, "engine", None) or getattr(engine, "retriever", None)
     return out
 
 
