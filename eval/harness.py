@@ -99,6 +99,27 @@ def _prediction(text: str) -> tuple[str, bool]:
     return (lines[0] if lines else ""), False
 
 
+def agent_rows(batch: Sequence[QAExample], trajectories: Sequence[Any], tokenizer) -> list[RowResult]:
+    """Scored rows of agent trajectories (:class:`zerosim.rollout.Trajectory`), one per question of ``batch``."""
+    rows = []
+    for ex, traj in zip(batch, trajectories, strict=True):
+        rows.append(
+            RowResult(
+                id=ex.id,
+                question=ex.question,
+                golden_answers=list(ex.golden_answers),
+                prediction=traj.answer or "",
+                tagged=traj.answer is not None,
+                valid_format=traj.valid_format,
+                turns=traj.turns,
+                searches=traj.searches,
+                recall=gold_in_documents(traj.retrieved, ex.golden_answers),
+                transcript=tokenizer.decode(traj.completion_ids, skip_special_tokens=False),
+            ).score()
+        )
+    return rows
+
+
 class Evaluator:
     """Runs one method with one policy (and engine) over batches of questions."""
 
@@ -173,23 +194,7 @@ class Evaluator:
         trajectories, _ = rollout.run(
             self.agent_generator, [build_prompt(ex.question) for ex in batch], step=0
         )
-        rows = []
-        for ex, traj in zip(batch, trajectories, strict=True):
-            rows.append(
-                RowResult(
-                    id=ex.id,
-                    question=ex.question,
-                    golden_answers=list(ex.golden_answers),
-                    prediction=traj.answer or "",
-                    tagged=traj.answer is not None,
-                    valid_format=traj.valid_format,
-                    turns=traj.turns,
-                    searches=traj.searches,
-                    recall=gold_in_documents(traj.retrieved, ex.golden_answers),
-                    transcript=self.tokenizer.decode(traj.completion_ids, skip_special_tokens=False),
-                ).score()
-            )
-        return rows
+        return agent_rows(batch, trajectories, self.tokenizer)
 
     def evaluate(self, name: str, examples: Sequence[QAExample], progress: bool = True) -> DatasetResult:
         """Every row of ``examples``, in batches of ``batch_size`` (the last one may be smaller)."""

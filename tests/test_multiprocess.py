@@ -52,15 +52,26 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
         f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
         "trainer.num_generations=2", "rollout.max_new_tokens=16", "rollout.max_turns=3",
         f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=mp", "warmstart.enabled=false",
+        # validation at steps 0, 1, 2: 3 questions over 2 ranks, one per batch (rank 1's second batch is empty)
+        "validation.every=1", "validation.max_examples=3", "validation.batch_size=1",
     ]  # fmt: skip
     env = {**os.environ, "ZEROSIM_TRACE": str(trace), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
-    ranks = [
+    records = [
         [json.loads(line) for line in (trace / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)
     ]
+    # validation rollouts run without curriculum noise (p 0); the training ones at the recipe's p 0.5
+    ranks = [[r for r in rank if r["p"] == 0.5] for rank in records]
+    passes = [[r for r in rank if r["p"] == 0.0] for rank in records]
     assert len(ranks[0]) == len(ranks[1]) == 2  # one rollout per step on each rank
+    assert len(passes[0]) == len(passes[1]) == 6  # 3 validation passes x 2 batches on each rank
+    for v0, v1 in zip(*passes, strict=True):
+        if len(v1["finish"]) == 1:  # rank 0's question answers at turn 1, rank 1's searches first
+            assert v0["generate_calls"] == [1, 0] and v1["generate_calls"] == [1, 1]
+        else:  # rank 1 has no question left: it idles through rank 0's turn
+            assert v0["generate_calls"] == [1] and v1["generate_calls"] == [0]
     for r0, r1 in zip(*ranks, strict=True):
         assert r0["step"] == r1["step"] and r0["p"] == r1["p"]  # the same curriculum step and probability
         assert set(r0["finish"]) == {"answer"} and set(r1["finish"]) == {"answer"}
@@ -84,3 +95,8 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
     assert sorted(m.step for m in history) == [1, 2]
     assert [m.value for m in history] == [0.5, 0.5]  # averaged over both ranks: 0 and 1 search per trajectory
     assert (tmp_path / "out" / "mp" / "final" / "model.safetensors").is_file()
+    client = mlflow.MlflowClient()
+    questions = client.get_metric_history(run.info.run_id, "val/questions")
+    assert sorted((m.step, m.value) for m in questions) == [(0, 3.0), (1, 3.0), (2, 3.0)]  # summed over ranks
+    searches = client.get_metric_history(run.info.run_id, "val/searches")
+    assert {round(m.value, 6) for m in searches} == {round(1 / 3, 6)}  # only rank 1's one question searched

@@ -46,6 +46,9 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
         "tracking.experiment=e2e", f"warmstart.enabled={warmstart}", f"warmstart.data={qa}",
         f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=1", "warmstart.batch_size=2",
         "warmstart.num_examples=2",
+        # greedy validation at steps 0, 1, 2 on 3 questions; beside the simulator, against BM25
+        "validation.every=1", "validation.max_examples=3", "validation.batch_size=2",
+        f"validation.engine={'bm25' if engine == 'simulator' else 'train'}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -78,10 +81,19 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "samples", "plots"} <= artifacts
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
-    assert plots == {"plots/training.png"}
+    assert plots == {"plots/training.png", "plots/validation.png"}
     samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
     rows = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert rows and {"question", "completion", "golden_answers", "step"} <= set(rows[0])
+    for key in ["val/em", "val/f1", "val/valid_format", "val/searches", "val/questions"]:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == [0, 1, 2], (key, history)
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "val/questions")} == {3.0}
+    val = client.download_artifacts(run.info.run_id, "samples/validation.jsonl", str(tmp_path))
+    val_rows = [json.loads(line) for line in Path(val).read_text().splitlines()]
+    # the last pass, on the first 3 training questions
+    assert [r["question"] for r in val_rows] == [f"What is the capital of country {c}?" for c in "ABC"]
+    assert {r["step"] for r in val_rows} == {2}
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce", "reinforce_pp", "ppo"])

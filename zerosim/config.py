@@ -232,6 +232,19 @@ class WarmstartConfig:
 
 
 @dataclass
+class ValidationConfig:
+    every: int = 0  # greedy agent evaluation of the current policy every N steps, logged as val/* (0 = off)
+    on_start: bool = True  # with every > 0: also evaluate the starting policy (step 0)
+    data: str | None = (
+        None  # questions: file, HF id or "factbook"; None = the first training questions (data.*, after max_examples' draw)
+    )
+    split: str = "dev"  # split of validation.data (unused when data is None)
+    max_examples: int = 64  # questions evaluated (first N rows; the whole set when smaller)
+    batch_size: int = 16  # questions per batched rollout
+    engine: str = "train"  # train (the training engine, no curriculum noise) | bm25 | dense | hybrid | http (search.<engine> settings)
+
+
+@dataclass
 class TrackingConfig:
     tracking_uri: str = (
         "sqlite:///mlflow.db"  # MLflow tracking URI (sqlite file in the working dir by default)
@@ -252,6 +265,7 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
@@ -368,6 +382,7 @@ class SimulatorEvalConfig:
 CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
     "search.engine": ("simulator", "bm25", "dense", "hybrid", "http"),
+    "validation.engine": ("train", "simulator", "bm25", "dense", "hybrid", "http"),
     "search.negatives": ("hard", "random", "none"),
     "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
     "search.simulator.backend": ("transformers", "openai"),
@@ -496,6 +511,12 @@ def _check_ranges(cfg: Any) -> None:
         raise ConfigError(f"search.k must be >= 1, got {cfg.search.k}")
     if cfg.rollout.max_turns < 1:
         raise ConfigError(f"rollout.max_turns must be >= 1, got {cfg.rollout.max_turns}")
+    v = cfg.validation
+    for name in ("every", "max_examples", "batch_size"):
+        if getattr(v, name) < (0 if name == "every" else 1):
+            raise ConfigError(
+                f"validation.{name} must be >= {0 if name == 'every' else 1}, got {getattr(v, name)}"
+            )
 
 
 def to_yaml(cfg: Any) -> str:

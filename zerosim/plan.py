@@ -84,6 +84,16 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def _validation(cfg: TrainConfig) -> str:
+    v = cfg.validation
+    if not v.every:
+        return "off"
+    data = "the first training questions" if v.data is None else _data(v.data, v.split)
+    engine = "the training engine, no noise" if v.engine == "train" else v.engine
+    start = "step 0, " if v.on_start else ""
+    return f"greedy, {start}every {v.every} steps and the last: <= {v.max_examples} of {data}; {engine}"
+
+
 def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]]:
     """The resolved job as (item, value) rows."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
@@ -121,6 +131,7 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
         ("curriculum", f"{c.schedule} ({c.granularity}): p = {curve}"),
         ("reward", ", ".join(f"{k} {v:g}" for k, v in (cfg.reward.weights or {cfg.reward.metric: 1.0}).items()) + f", format {cfg.reward.format_weight:g}"),
         ("generation", generation),
+        ("validation", _validation(cfg)),
         ("checkpoints", f"every {t.save_steps} steps, {t.save_total_limit} kept" if t.save_steps else "final only" if t.save_final else "none"),
         ("MLflow", f"{cfg.tracking.tracking_uri}, experiment {cfg.tracking.experiment}"),
     ]  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ class TrainResult:
     run_id: str
     checkpoint: Path | None
     steps: int
+    validation: list[dict[str, float]] = field(default_factory=list)  # one entry per validation pass
 
 
 def seed_everything(seed: int) -> None:
@@ -41,16 +42,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_dataset(cfg: TrainConfig):
-    """The training prompts as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
-    from datasets import Dataset
-
+def training_questions(cfg: TrainConfig) -> list:
+    """The training questions: ``data.train`` (split ``data.split``), or a seeded draw of ``data.max_examples``."""
     examples = load_questions(cfg.data.train, cfg.data.split)
     if cfg.data.max_examples is not None:
         rng = random.Random(cfg.run.seed)
         examples = rng.sample(examples, min(cfg.data.max_examples, len(examples)))
     if not examples:
         raise ValueError(f"no training questions in {cfg.data.train} (split {cfg.data.split})")
+    return examples
+
+
+def build_dataset(cfg: TrainConfig, examples: list | None = None):
+    """The training prompts as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
+    from datasets import Dataset
+
+    if examples is None:
+        examples = training_questions(cfg)
     rows, table = [], {}
     for ex in examples:
         prompt = build_prompt(ex.question)
@@ -279,6 +287,31 @@ def instrumented(schedule, reward_func):
     return reward
 
 
+def build_validation(cfg: TrainConfig, questions, engine, tokenizer, trainer_ref):
+    """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``."""
+    import dataclasses
+
+    from zerosim.validation import Validation, validation_examples
+
+    v = cfg.validation
+    if v.engine != "train":  # a separate engine, e.g. the real retriever beside a simulator used for training
+        engine = build_search_engine(
+            dataclasses.replace(cfg.search, engine=v.engine, negatives="none"),
+            seed=cfg.run.seed,
+            dtype=cfg.policy.dtype,
+        )
+    return Validation(
+        v,
+        validation_examples(v, questions),
+        rollout=cfg.rollout,
+        k=cfg.search.k,
+        engine=engine,
+        tokenizer=tokenizer,
+        trainer_ref=trainer_ref,
+        seed=cfg.run.seed,
+    )
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
     import os
@@ -290,7 +323,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
 
-    dataset, examples = build_dataset(cfg)
+    questions = training_questions(cfg)
+    dataset, examples = build_dataset(cfg, questions)
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:
         if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):
@@ -353,6 +387,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         trainer_ref: list = []
         state_callback = ZerosimState(schedule, trainer_ref)
         guard = CollapseGuard(t.collapse_patience)
+        callbacks = [state_callback, guard]
+        validation = None
+        if cfg.validation.every:
+            validation = build_validation(cfg, questions, engine, tokenizer, trainer_ref)
+            callbacks.append(validation)
         critic = None
         if t.algorithm == "ppo":
             critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
@@ -380,7 +419,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=rollout,
-            callbacks=[state_callback, guard],
+            callbacks=callbacks,
         )
         trainer_ref.append(trainer)
         if checkpoint_in is not None:
@@ -401,6 +440,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         if main:
             log_jsonl(rollout.samples, "samples/trajectories.jsonl")
             log_training_curves(trainer.state.log_history)
+            if validation is not None and validation.history:
+                from zerosim.validation import PLOTTED as VALIDATION_PLOTTED
+
+                log_training_curves(validation.history, "plots/validation.png", VALIDATION_PLOTTED)
+                log_jsonl(validation.last_rows, "samples/validation.jsonl")
         checkpoint = None
         if cfg.trainer.save_final:
             checkpoint = output_dir / "final"
@@ -418,4 +462,9 @@ def train(cfg: TrainConfig) -> TrainResult:
 
                 mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
                 mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
-        return TrainResult(run_id=run_id, checkpoint=checkpoint, steps=trainer.state.global_step)
+        return TrainResult(
+            run_id=run_id,
+            checkpoint=checkpoint,
+            steps=trainer.state.global_step,
+            validation=list(validation.history) if validation is not None else [],
+        )
