@@ -53,12 +53,10 @@ def training_questions(cfg: TrainConfig) -> list:
     return examples
 
 
-def build_dataset(cfg: TrainConfig, examples: list | None = None):
-    """The training prompts as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
+def build_dataset(examples: list):
+    """The training prompts of ``examples`` as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
     from datasets import Dataset
 
-    if examples is None:
-        examples = training_questions(cfg)
     rows, table = [], {}
     for ex in examples:
         prompt = build_prompt(ex.question)
@@ -324,7 +322,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     questions = training_questions(cfg)
-    dataset, examples = build_dataset(cfg, questions)
+    dataset, examples = build_dataset(questions)
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:
         if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):

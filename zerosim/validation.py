@@ -34,8 +34,15 @@ from zerosim.generation import HFGenerator
 from zerosim.rollout import STOP_STRINGS, SearchRollout, _synced_decoding, build_prompt
 from zerosim.search import SearchEngine
 
-# Sums all-reduced across ranks, in this order; the logged means divide by the question count.
-_SUMMED = ("em", "f1", "cover_em", "valid_format", "answer_rate", "searches")
+# val/<metric> -> the RowResult field summed over questions (all-reduced across ranks, then divided by their count)
+_SUMMED = {
+    "em": "em",
+    "f1": "f1",
+    "cover_em": "cover_em",
+    "valid_format": "valid_format",
+    "answer_rate": "tagged",
+    "searches": "searches",
+}
 PLOTTED = (
     ("val/em", "validation EM (greedy)"),
     ("val/f1", "validation F1 (greedy)"),
@@ -144,10 +151,7 @@ class Validation(TrainerCallback):
                     model.train()
         recalls = [r.recall for r in rows if r.recall is not None]
         sums = [float(len(rows))]
-        sums += [
-            float(sum(getattr(r, "tagged" if name == "answer_rate" else name) for r in rows))
-            for name in _SUMMED
-        ]
+        sums += [float(sum(getattr(r, field) for r in rows)) for field in _SUMMED.values()]
         sums += [float(sum(recalls)), float(len(recalls))]
         totals = torch.tensor(sums, dtype=torch.float64, device=trainer.accelerator.device)
         if world > 1:
