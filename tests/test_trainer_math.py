@@ -143,3 +143,87 @@ def test_collapse_guard_stops_only_after_patience_silent_steps():
     for _ in range(10):
         off.on_log(None, state, TrainerControl(), logs={"reward": 0.0, "frac_reward_zero_std": 1.0})
     assert off.collapsed_at is None
+
+
+def ppo_trainer(tmp_path, tiny_model_dir, tokenizer, critic, micro_batch):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from zerosim.models import load_causal_lm
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, max_completion_length=8,
+        loss_type="dapo", use_cpu=True, report_to=[], logging_steps=1,
+    )  # fmt: skip
+    return SearchTrainer(
+        algorithm="ppo",
+        critic=critic,
+        critic_micro_batch=micro_batch,
+        critic_learning_rate=1e-3,
+        model=load_causal_lm(str(tiny_model_dir), "float32"),
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "q"}] * 4),
+        processing_class=tokenizer,
+    )
+
+
+def test_critic_micro_batches_accumulate_the_whole_batch_gradient(tmp_path, tiny_model_dir, tokenizer):
+    """5 rows in micro-batches of 2 (2 + 2 + 1, one row fully masked) give the gradient and loss of one
+    whole-batch step, while no forward pass sees more than 2 rows."""
+    import copy
+
+    from zerosim.trainer import Critic
+
+    torch.manual_seed(0)
+    critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
+    torch.nn.init.normal_(critic.model.score.weight, std=0.5)  # a non-zero head: the body gets gradient too
+    twin = copy.deepcopy(critic)
+    whole = ppo_trainer(tmp_path / "a", tiny_model_dir, tokenizer, critic, None)
+    micro = ppo_trainer(tmp_path / "b", tiny_model_dir, tokenizer, twin, 2)
+
+    g = torch.Generator().manual_seed(3)
+    B, P, T = 5, 4, 6
+    input_ids = torch.randint(10, 1000, (B, P + T), generator=g)
+    attention = torch.ones(B, P + T, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 0], [0] * 6, [1, 0, 0, 0, 0, 1], [1] * 6])
+    old_values, returns = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+
+    seen = []
+    original = twin.forward
+
+    def counting(ids, att, length):
+        seen.append(ids.shape[0])
+        return original(ids, att, length)
+
+    twin.forward = counting
+    a = whole._update_critic(input_ids, attention, mask, old_values, returns, T)
+    b = micro._update_critic(input_ids, attention, mask, old_values, returns, T)
+
+    assert seen == [2, 2, 1]
+    assert b["critic/value_loss"] == pytest.approx(a["critic/value_loss"], rel=1e-5)
+    grads = [(p.grad, q.grad) for p, q in zip(critic.parameters(), twin.parameters(), strict=True)]
+    assert all(gp is not None and gq is not None for gp, gq in grads)
+    assert any(gp.abs().sum() > 0 for gp, _ in grads[:-1])  # the body, not only the head
+    for gp, gq in grads:
+        torch.testing.assert_close(gq, gp, rtol=1e-4, atol=1e-7)
+
+
+def test_critic_micro_batch_must_be_positive(tmp_path, tiny_model_dir, tokenizer):
+    from zerosim.trainer import Critic
+
+    critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
+    with pytest.raises(ValueError, match="critic_micro_batch must be >= 1"):
+        ppo_trainer(tmp_path, tiny_model_dir, tokenizer, critic, 0)
+
+
+def test_critic_values_are_deterministic_in_train_mode(tiny_model_dir):
+    from zerosim.trainer import Critic
+
+    critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
+    torch.nn.init.normal_(critic.model.score.weight, std=0.5)
+    critic.train()
+    ids = torch.randint(10, 1000, (2, 9), generator=torch.Generator().manual_seed(4))
+    first = critic(ids, torch.ones_like(ids), 5)
+    assert first.shape == (2, 5) and first.abs().sum() > 0
+    torch.testing.assert_close(critic(ids, torch.ones_like(ids), 5), first, rtol=0, atol=0)

@@ -401,6 +401,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             lam=t.lam,
             value_clip=t.value_clip,
             critic_epochs=t.critic_epochs,
+            critic_micro_batch=t.per_device_train_batch_size,
             model=policy,
             reward_funcs=[
                 instrumented(

@@ -7,8 +7,10 @@ rewards (gathered across ranks, exactly what TRL's own advantages see) and repla
 - ``ppo`` — a separate critic (a small LM with a one-output token-classification head, its own AdamW and
   learning rate) values every completion token; GAE over the policy's tokens only (environment tokens are
   skipped, see :func:`zerosim.algorithms.gae`) gives per-token advantages (whitened) and returns; the critic
-  then takes ``critic_epochs`` clipped-value-loss steps on that batch. The policy loss is TRL's clipped
-  surrogate with those per-token advantages (TRL accepts ``(B, T)`` advantages).
+  then takes ``critic_epochs`` clipped-value-loss steps on that batch, in micro-batches of
+  ``critic_micro_batch`` rows (the policy's ``per_device_train_batch_size``) with the gradient accumulated,
+  so the critic's memory is bounded by the policy's micro-batch, not by the generation batch. The policy loss
+  is TRL's clipped surrogate with those per-token advantages (TRL accepts ``(B, T)`` advantages).
 
 The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` tokens never contribute.
 """
@@ -36,10 +38,18 @@ LOSS_TYPES = {
 
 
 class Critic(torch.nn.Module):
-    """Value model: a causal LM body with a scalar head per token (``AutoModelForTokenClassification``)."""
+    """Value model: a causal LM body with a scalar head per token (``AutoModelForTokenClassification``).
+
+    Dropout is off (as in TRL's and veRL's value models): transformers' token-classification head drops 10% of
+    its inputs by default, which would make the old values of GAE and the values the loss compares them with
+    two different random functions of the same weights.
+    """
 
     def __init__(self, model):
         super().__init__()
+        from trl.trainer.utils import disable_dropout_in_model
+
+        disable_dropout_in_model(model)
         self.model = model
 
     @classmethod
@@ -79,16 +89,22 @@ class SearchTrainer(GRPOTrainer):
         lam: float = 1.0,
         value_clip: float = 0.2,
         critic_epochs: int = 1,
+        critic_micro_batch: int | None = None,
         **kwargs: Any,
     ):
         if algorithm not in LOSS_TYPES:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(LOSS_TYPES)}")
         if algorithm == "ppo" and critic is None:
             raise ValueError("algorithm=ppo needs a critic (Critic.from_pretrained)")
+        if critic_micro_batch is not None and critic_micro_batch < 1:
+            raise ValueError(
+                f"critic_micro_batch must be >= 1 (or None: whole batch), got {critic_micro_batch}"
+            )
         super().__init__(*args, **kwargs)
         self.algorithm = algorithm
         self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
         self.critic = critic
+        self.critic_micro_batch = critic_micro_batch
         self.critic_optimizer = None
         if critic is not None:
             critic.to(self.accelerator.device)
@@ -149,7 +165,12 @@ class SearchTrainer(GRPOTrainer):
         input_ids, attention, mask = self._critic_inputs(output)
         T = output["completion_ids"].shape[1]
         with torch.no_grad():
-            values = self.critic(input_ids, attention, T)
+            values = torch.cat(
+                [
+                    self.critic(input_ids[rows], attention[rows], T)
+                    for rows in self._critic_chunks(len(input_ids))
+                ]
+            )
         rewards = rewards.to(values.device).clone()
         steps = getattr(self.rollout_func, "last_step_rewards", None) or []
         placed = torch.zeros_like(values)
@@ -170,18 +191,31 @@ class SearchTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value)
         return {"advantages": advantages.to(output["advantages"].dtype)}
 
+    def _critic_chunks(self, n: int) -> list[slice]:
+        """Row slices of at most ``critic_micro_batch`` rows covering ``n`` rows (one slice when unset)."""
+        size = self.critic_micro_batch or max(n, 1)
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
     def _update_critic(self, input_ids, attention, mask, old_values, returns, T) -> dict[str, float]:
+        """``critic_epochs`` optimizer steps on the batch's clipped value loss, gradient accumulated over
+        micro-batches: each chunk's masked mean is weighted by its share of the masked tokens, so the summed
+        gradient is exactly the whole batch's (``value_loss`` over all rows at once)."""
         self.critic.train()
         losses = []
+        total = mask.sum().clamp(min=1)
         for _ in range(self.critic_epochs):
-            values = self.critic(input_ids, attention, T)
-            loss = value_loss(values, old_values, returns, mask, self.value_clip)
             self.critic_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_value = 0.0
+            for rows in self._critic_chunks(len(input_ids)):
+                values = self.critic(input_ids[rows], attention[rows], T)
+                chunk = value_loss(values, old_values[rows], returns[rows], mask[rows], self.value_clip)
+                loss = chunk * mask[rows].sum() / total
+                loss.backward()
+                loss_value += loss.item()
             self._average_critic_grads()
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
             self.critic_optimizer.step()
-            losses.append(loss.item())
+            losses.append(loss_value)
         explained = 1 - masked_mean((returns - old_values) ** 2, mask) / (
             masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8
         )
