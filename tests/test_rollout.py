@@ -128,7 +128,23 @@ def test_search_answer_flow_and_metrics(tokenizer):
     )
     m = rollout.metrics(trajs, 0, timing)
     assert m["rollout/searches_per_traj"] == 1 and m["rollout/answer_rate"] == 1
+    assert m["rollout/em"] == 1 and m["rollout/f1"] == 1 and m["rollout/answer_echo_rate"] == 0
     assert m["curriculum/noise_prob"] == 0.5
+
+
+def test_answer_echo_flags_an_answer_that_restates_the_question():
+    from zerosim.rollout import Trajectory, answer_echoes_question
+
+    def traj(answer):
+        return Trajectory(
+            prompt_ids=[], question="Which currency does Eritrea use?", answers=("nakfa",), answer=answer
+        )
+
+    assert answer_echoes_question(traj("Which currency does Eritrea use?"))
+    assert answer_echoes_question(traj("which currency does Eritrea use"))  # normalised
+    assert not answer_echoes_question(traj("nakfa"))
+    assert not answer_echoes_question(traj("Eritrea"))  # one question word is an answer attempt, not an echo
+    assert not answer_echoes_question(traj(None))
 
 
 def test_last_turn_search_ends_without_answer(tokenizer):

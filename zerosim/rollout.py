@@ -30,7 +30,7 @@ from curricula import NoiseSchedule, trajectory_noise
 from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnSync
 from zerosim.generation import Generation, HFGenerator, VLLMGenerator
-from zerosim.metrics import exact_match
+from zerosim.metrics import exact_match, f1_score
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 STOP_STRINGS = ("</search>", "</answer>")
@@ -386,6 +386,8 @@ class SearchRollout:
             "rollout/valid_format_rate": sum(t.valid_format for t in trajectories) / n,
             "rollout/answer_rate": sum(t.answer is not None for t in trajectories) / n,
             "rollout/em": sum(exact_match(t.answer, t.answers) for t in trajectories if t.answer) / n,
+            "rollout/f1": sum(f1_score(t.answer, t.answers) for t in trajectories if t.answer) / n,
+            "rollout/answer_echo_rate": sum(answer_echoes_question(t) for t in trajectories) / n,
             "rollout/invalid_action_rate": sum(t.invalid_actions > 0 for t in trajectories) / n,
             "rollout/policy_tokens_per_traj": sum(sum(t.env_mask) for t in trajectories) / n,
             "time/generate_s": timing.get("generate", 0.0),
@@ -445,3 +447,12 @@ def _synced_decoding(model, sync) -> bool:
     from transformers.integrations.fsdp import is_fsdp_managed_module
 
     return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
+ECHO_F1 = 0.8  # an answer at least this close (token F1) to the question restates it
+
+
+def answer_echoes_question(traj: Trajectory) -> bool:
+    """The answer restates the question (token F1 ≥ ``ECHO_F1``): a format reward pays for it like any
+    wrong answer, and a policy without an answer signal can drift into writing it every time."""
+    return bool(traj.answer) and f1_score(traj.answer, [traj.question]) >= ECHO_F1

@@ -79,6 +79,8 @@ def log_jsonl(rows: Iterable[Mapping[str, Any]], artifact_file: str) -> None:
 PLOTTED = (
     ("reward", "reward"),
     ("rollout/em", "exact match"),
+    ("rollout/f1", "answer F1"),
+    ("rollout/answer_echo_rate", "answer restates the question"),
     ("curriculum/noise_prob", "scheduled noise p(i)"),
     ("search/noisy_doc_share", "noisy share served"),
     ("rollout/searches_per_traj", "searches / trajectory"),
