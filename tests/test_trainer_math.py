@@ -1,4 +1,4 @@
-"""The policy loss through the trainer itself: KL sign, and zero gradient on environment tokens."""
+"""The losses through the trainer itself: KL sign, zero gradient on environment tokens, the PPO critic's micro-batches."""
 
 import pytest
 import torch
@@ -6,26 +6,31 @@ import torch
 from zerosim.trainer import SearchTrainer
 
 
-@pytest.fixture
-def trainer(tmp_path, tiny_model_dir, tokenizer):
+def make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.0, **trainer_kwargs):
+    """A ``SearchTrainer`` on the tiny model: groups of 2, 8 completion tokens, no reward signal."""
     from datasets import Dataset
     from trl import GRPOConfig
 
     from zerosim.models import load_causal_lm
 
-    torch.manual_seed(0)
     args = GRPOConfig(
-        output_dir=str(tmp_path), beta=0.5, num_generations=2, per_device_train_batch_size=2,
+        output_dir=str(tmp_path), beta=beta, num_generations=2, per_device_train_batch_size=2,
         max_completion_length=8, loss_type="dapo", use_cpu=True, report_to=[], logging_steps=1,
     )  # fmt: skip
     return SearchTrainer(
-        algorithm="reinforce",
         model=load_causal_lm(str(tiny_model_dir), "float32"),
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
         args=args,
         train_dataset=Dataset.from_list([{"prompt": "q"}] * 4),
         processing_class=tokenizer,
+        **trainer_kwargs,
     )
+
+
+@pytest.fixture
+def trainer(tmp_path, tiny_model_dir, tokenizer):
+    torch.manual_seed(0)
+    return make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.5, algorithm="reinforce")
 
 
 def make_inputs(trainer, advantages, tool_mask):
@@ -146,26 +151,10 @@ def test_collapse_guard_stops_only_after_patience_silent_steps():
 
 
 def ppo_trainer(tmp_path, tiny_model_dir, tokenizer, critic, micro_batch):
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from zerosim.models import load_causal_lm
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, max_completion_length=8,
-        loss_type="dapo", use_cpu=True, report_to=[], logging_steps=1,
+    return make_trainer(
+        tmp_path, tiny_model_dir, tokenizer, algorithm="ppo", critic=critic,
+        critic_micro_batch=micro_batch, critic_learning_rate=1e-3,
     )  # fmt: skip
-    return SearchTrainer(
-        algorithm="ppo",
-        critic=critic,
-        critic_micro_batch=micro_batch,
-        critic_learning_rate=1e-3,
-        model=load_causal_lm(str(tiny_model_dir), "float32"),
-        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": "q"}] * 4),
-        processing_class=tokenizer,
-    )
 
 
 def test_critic_micro_batches_accumulate_the_whole_batch_gradient(tmp_path, tiny_model_dir, tokenizer):
