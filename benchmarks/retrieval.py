@@ -32,10 +32,10 @@ def row(name: str, *cells: str) -> None:
 
 
 def hit_rate(results, questions) -> float:
-    from zerosim.metrics import normalize_answer
+    from zerosim.metrics import answer_in_text  # whole words, as eval recall@k
 
     hits = sum(
-        any(normalize_answer(a) in normalize_answer(d.contents) for d in docs for a in q.golden_answers)
+        any(answer_in_text(d.contents, q.golden_answers) for d in docs)
         for q, docs in zip(questions, results, strict=True)
     )
     return hits / len(questions)

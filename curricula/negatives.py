@@ -40,6 +40,8 @@ class CorpusNegatives:
         seed: seeds the random draws.
     """
 
+    honours_noise = True  # noisy slots come back as corpus negatives marked noisy (engines.py checks this)
+
     def __init__(
         self,
         retriever: SearchEngine,
@@ -55,7 +57,8 @@ class CorpusNegatives:
         if mode == "random" and not docs:
             raise ValueError("random negatives need the corpus passages (docs)")
         self.retriever = retriever
-        self.docs = list(docs) if docs else []
+        # a list is kept as it is, not copied: a server wraps its index's passages once per request
+        self.docs = docs if isinstance(docs, list) else list(docs or ())
         self.mode = mode
         self.depth = depth
         self.seed = seed

@@ -106,4 +106,8 @@ class BM25Retriever:
             docs, stopwords=manifest["bm25"]["stopwords"], stemmer_language=manifest["bm25"]["stemmer"]
         )
         self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
+        from eval.index import check_stored_count
+
+        stored = self.retriever.scores.get("num_docs")
+        check_stored_count(index_dir, manifest, "bm25s/", len(docs) if stored is None else stored, len(docs))
         return self

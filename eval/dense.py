@@ -38,6 +38,8 @@ FAISS_DEFAULTS: dict[str, dict[str, int]] = {  # faiss_type -> its options and t
     },
 }
 FAISS_TYPES = tuple(FAISS_DEFAULTS)
+# the class faiss.read_index returns for each faiss_type (checked against the manifest at load)
+_FAISS_CLASSES = {"IndexFlatIP": "flat", "IndexHNSWFlat": "hnsw", "IndexIVFPQ": "ivfpq"}
 
 
 def resolve_encoder(encoder: str) -> tuple[str, str]:
@@ -306,9 +308,16 @@ class DenseRetriever:
             device=device,
         )
         self.index_ = faiss.read_index(str(index_dir / "faiss.index"))
-        if self.index_.ntotal != len(docs):
-            raise ValueError(
-                f"{index_dir}: faiss.index holds {self.index_.ntotal} vectors but docs.jsonl {len(docs)} passages"
+        from eval.index import check_stored_count, damaged_index_error
+
+        check_stored_count(index_dir, manifest, "faiss.index", self.index_.ntotal, len(docs))
+        stored_type = _FAISS_CLASSES.get(type(self.index_).__name__)
+        if self.index_.d != self.dimension or stored_type != self.faiss_type:
+            raise damaged_index_error(
+                index_dir,
+                manifest,
+                f"faiss.index is a {self.index_.d}-d {type(self.index_).__name__}, the manifest says a "
+                f"{self.dimension}-d {self.faiss_type} index",
             )
         if self.faiss_type == "ivfpq":
             faiss.extract_index_ivf(self.index_).nprobe = self.faiss_options["nprobe"]

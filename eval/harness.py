@@ -3,10 +3,17 @@
 Every row of every dataset is evaluated (the last partial batch included), greedily by default, and
 scored with the same metric functions as the training rewards. The result is a per-dataset table plus
 an average row, as in the ZeroSearch and Search-R1 papers.
+
+The search engine sees what a real one would: the query. The question and gold answers that a
+training-time simulator is shown (``SearchRequest.question`` / ``answers``) are withheld
+(:class:`WithheldAnswers`) unless ``search.simulator.pass_answers`` is explicitly ``true`` — an override that
+makes the scores incomparable with any real retriever's, logged as such (:func:`answers_override`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,10 +22,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from curricula import ConstantSchedule
-from zerosim.config import EvalConfig
+from zerosim.config import EvalConfig, SearchConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import HFGenerator
-from zerosim.metrics import cover_exact_match, exact_match, f1_score, normalize_answer
+from zerosim.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
 from zerosim.rewards import extract_answer
 from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
 from zerosim.search import Document, SearchEngine, SearchRequest, format_documents
@@ -32,6 +39,7 @@ RAG_PROMPT = (
     "<answer> and </answer>, for example <answer> Paris </answer>.\n\nDocuments:\n{documents}\n\n"
     "Question: {question}"
 )
+log = logging.getLogger(__name__)
 COLUMNS = ("n", "em", "f1", "cover_em", "recall", "turns", "searches", "valid_format", "answer_rate")
 
 
@@ -85,9 +93,52 @@ class DatasetResult:
 
 
 def gold_in_documents(docs: Sequence[Document], golds: Sequence[str]) -> float:
-    """Retrieval recall for one question: 1 if any gold answer (normalised) occurs in any document."""
-    texts = [normalize_answer(d.contents) for d in docs]
-    return float(any(normalize_answer(g) and normalize_answer(g) in t for g in golds for t in texts))
+    """Retrieval recall for one question: 1 if a gold answer occurs in some document as whole normalised
+    words (:func:`zerosim.metrics.answer_in_text`, the test the simulator labels and leak checks use)."""
+    return float(any(answer_in_text(d.contents, golds) for d in docs))
+
+
+class WithheldAnswers:
+    """``engine`` as evaluation must query it: each request reaches it without the user's question and gold
+    answers (only the query and the noise pattern), so a simulator cannot be told what to write.
+
+    Real retrievers ignore those fields anyway; the simulator would otherwise put them in its prompt
+    ("The correct answer is: ... Mention it."). ``engine`` stays reachable as ``.engine`` (for
+    :func:`zerosim.rollout.engine_counters`).
+    """
+
+    def __init__(self, engine: SearchEngine):
+        self.engine = engine
+
+    def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
+        return self.engine.search([dataclasses.replace(r, question=None, answers=()) for r in requests], k)
+
+
+def answers_override(search: SearchConfig, engine: str | None = None) -> bool:
+    """Whether the search engine outside training (evaluation, validation) may see the gold answers.
+
+    Only an explicit ``search.simulator.pass_answers: true`` with a simulator engine (``engine``, default
+    ``search.engine``) allows it; the default (``null``) keeps the answers to training. The override is
+    warned about here; callers also tag their MLflow run (``zerosim.simulator_sees_answers``).
+    """
+    if search.simulator.pass_answers is not True or (engine or search.engine) != "simulator":
+        return False
+    log.warning(
+        "search.simulator.pass_answers=true: the simulator is shown the gold answers outside training "
+        "(evaluation/validation), so these scores measure an engine that knows the answer and compare with "
+        "no real retriever's. Leave pass_answers unset (null: training only) for honest numbers."
+    )
+    return True
+
+
+def empty_dataset_error(name: str, where: str) -> ValueError:
+    """The error for a dataset with nothing to evaluate (an average over no rows is no score)."""
+    from zerosim.data.qa import DataError
+
+    return DataError(
+        f"dataset {name} ({where}) has no rows to evaluate; fill it, pick another split, or drop it from "
+        "datasets — a score over zero rows would be a meaningless 0.0"
+    )
 
 
 def _prediction(text: str) -> tuple[str, bool]:
@@ -126,9 +177,14 @@ class Evaluator:
     def __init__(self, cfg: EvalConfig, model, tokenizer, engine: SearchEngine | None):
         if cfg.method != "direct" and engine is None:
             raise ValueError(f"method {cfg.method!r} needs a search engine")
+        if cfg.batch_size < 1:
+            raise ValueError(
+                f"batch_size must be >= 1 (questions per generation batch), got {cfg.batch_size}"
+            )
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.engine = engine
+        self.answers_shown = engine is not None and answers_override(cfg.search)
+        self.engine = engine if engine is None or self.answers_shown else WithheldAnswers(engine)
         temperature = cfg.rollout.temperature
         self.answer_generator = HFGenerator(
             model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=("</answer>",)
@@ -198,6 +254,8 @@ class Evaluator:
 
     def evaluate(self, name: str, examples: Sequence[QAExample], progress: bool = True) -> DatasetResult:
         """Every row of ``examples``, in batches of ``batch_size`` (the last one may be smaller)."""
+        if not examples:
+            raise empty_dataset_error(name, "no questions given")
         method = getattr(self, self.cfg.method)
         result = DatasetResult(name)
         started = time.perf_counter()

@@ -26,6 +26,35 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[Document]], k: int, rrf_k
     ]
 
 
+def _describe(engine) -> str:
+    manifest = getattr(engine, "manifest", None)
+    where = f" (index {engine.index_dir})" if manifest is not None else ""
+    return f"{type(engine).__name__}{where}: {len(engine.docs)} passages"
+
+
+def _check_same_passages(first, second) -> None:
+    """Two retrievers that both expose their passages (``docs``) must hold the same ones in the same order:
+    fusion matches documents by id, so two corpora would be merged silently. Loaded indexes compare their
+    manifests' corpus fingerprints; others their passage ids."""
+    a, b = getattr(first, "docs", None), getattr(second, "docs", None)
+    if a is None or b is None or a is b:
+        return
+    ma, mb = getattr(first, "manifest", None), getattr(second, "manifest", None)
+    if ma is not None and mb is not None:
+        same = (ma["corpus"]["sha256"], ma["corpus"]["passages"]) == (
+            mb["corpus"]["sha256"],
+            mb["corpus"]["passages"],
+        )
+    else:
+        same = len(a) == len(b) and all(x.id == y.id for x, y in zip(a, b, strict=True))
+    if not same:
+        raise ValueError(
+            f"hybrid retrieval over two different corpora: {_describe(first)}; {_describe(second)}. Fusion "
+            "matches passages by id, so both engines must index the same corpus: build the BM25 and the dense "
+            "index from the same corpus file (zerosim index build --corpus FILE --kind bm25|dense ...)"
+        )
+
+
 class HybridRetriever:
     """Reciprocal-rank fusion of two :class:`SearchEngine` s; itself a :class:`SearchEngine`.
 
@@ -38,6 +67,7 @@ class HybridRetriever:
             raise ValueError(
                 f"HybridRetriever needs rrf_k >= 0 and depth >= 1 (got rrf_k={rrf_k}, depth={depth})"
             )
+        _check_same_passages(first, second)
         self.engines = (first, second)
         self.rrf_k = rrf_k
         self.depth = depth

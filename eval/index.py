@@ -9,8 +9,15 @@ An index directory is self-contained::
     embeddings.f32  kind dense: the passage embeddings, float32 (passages x dimension), row-major
 
 ``manifest.json`` holds ``format``, ``kind``, ``zerosim_version``, ``corpus`` (``sha256`` and ``passages``
-of the passages as written to docs.jsonl, and ``source``, the corpus path it was built from) and either
-``bm25`` (stopwords, stemmer) or ``dense`` (encoder, dimension, prefixes, faiss type and options).
+of the passages as written to docs.jsonl, and ``source``, the corpus path it was built from), either
+``bm25`` (stopwords, stemmer) or ``dense`` (encoder, dimension, prefixes, faiss type and options), and
+``checksum``, the sha256 of every other field (format 2).
+
+Loading verifies the index before it answers a query: docs.jsonl must hold the manifest's passages
+(count and sha256; hashed once per file version and process), the manifest must match its checksum, and the
+stored bm25s / faiss data must hold as many entries as docs.jsonl (and, dense, the manifest's dimension and
+faiss type). A difference raises :class:`IndexMismatchError` naming the folder, what differs and the
+rebuild command. A build refuses a corpus whose passage ids repeat.
 
 Every write goes to a temporary folder beside the target and is renamed into place at the end, so a build
 that dies (exception, Ctrl-C) leaves neither a half index nor the temporary folder.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,16 +36,20 @@ from pathlib import Path
 from zerosim.fsutil import atomic_directory
 from zerosim.search import Document, SearchEngine
 
+logger = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
 DOCS = "docs.jsonl"
 EMBEDDINGS = "embeddings.f32"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: adds "checksum"; format 1 indexes still load (their passages are verified)
 KINDS = ("bm25", "dense")
+_HASH_BLOCK = 1 << 20
 
 
 class IndexMismatchError(ValueError):
-    """An index does not fit what it is loaded with (other corpus, encoder or dimension); the message says
-    what differs, expected vs found, and the command that rebuilds it."""
+    """An index does not fit what it is loaded with (other corpus, encoder or dimension), or its files no
+    longer fit its manifest (docs.jsonl or manifest.json changed after the build, stored vectors missing);
+    the message names the folder, what differs, expected vs found, and the command that rebuilds it."""
 
 
 def rebuild_command(
@@ -66,6 +78,43 @@ def corpus_fingerprint(docs: Sequence[Document]) -> dict:
     for doc in docs:
         digest.update(_doc_line(doc))
     return {"sha256": digest.hexdigest(), "passages": len(docs)}
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """sha256 of the manifest's fields other than ``checksum`` (canonical JSON: sorted keys, no spaces)."""
+    fields = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_unique_ids(docs: Sequence[Document], corpus: str | Path | None = None) -> None:
+    """Raise :class:`~zerosim.data.qa.DataError` when two passages share an id, naming the id and both rows
+    (file lines when ``corpus`` is the file ``docs`` were read from). Results are matched by id (hybrid
+    fusion, negatives, gold recall), so a repeated id would silently merge two passages."""
+    from zerosim.data.qa import DataError
+
+    seen: dict[str, int] = {}
+    repeats = []
+    for i, doc in enumerate(docs):
+        if doc.id in seen:
+            repeats.append((seen[doc.id], i, doc.id))
+        else:
+            seen[doc.id] = i
+    if not repeats:
+        return
+    first, second, doc_id = repeats[0]
+    if corpus is not None:
+        from zerosim.data.qa import _rows  # the same "file line N" labels the corpus reader gives
+
+        wheres = [where for where, _ in _rows(Path(corpus))]
+        here, there = wheres[second], wheres[first].rsplit(" ", 2)[-2:]
+        where = f"{here}: passage id {doc_id!r} repeats the id of {' '.join(there)}"
+    else:
+        where = f"passage {second + 1}: id {doc_id!r} repeats the id of passage {first + 1}"
+    more = f" ({len(repeats) - 1} more repeated id(s) after it)" if len(repeats) > 1 else ""
+    raise DataError(
+        f"{where}{more}; passage ids must be unique (results are matched by id): give each passage its "
+        "own id or drop the duplicate, then build again"
+    )
 
 
 def write_docs(path: Path, docs: Sequence[Document]) -> dict:
@@ -112,6 +161,7 @@ def _write_index(tmp: Path, retriever, docs: Sequence[Document], source: str | N
         "corpus": {**fingerprint, "source": source},
         **retriever.manifest_fields(),
     }
+    manifest["checksum"] = manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -119,6 +169,7 @@ def save_index(retriever, out: str | Path) -> Path:
     """Write an already indexed :class:`~eval.bm25.BM25Retriever` or :class:`~eval.dense.DenseRetriever`
     (and its passages) to ``out``, with a manifest (``corpus.source`` is null: no corpus file is known)."""
     out = Path(out)
+    check_unique_ids(retriever.docs)
     with staged_dir(out) as tmp:
         _write_index(tmp, retriever, retriever.docs, source=None)
     return out
@@ -155,6 +206,7 @@ def build_index(
     docs = load_corpus(corpus)
     if not docs:
         raise ValueError(f"{corpus} holds no passages")
+    check_unique_ids(docs, corpus)
     with staged_dir(out) as tmp:
         if kind == "bm25":
             from eval.bm25 import BM25Retriever
@@ -179,7 +231,8 @@ def build_index(
 
 
 def read_manifest(index_dir: str | Path) -> dict:
-    """The parsed ``manifest.json`` of an index directory (a clear error when there is none)."""
+    """The parsed ``manifest.json`` of an index directory (a clear error when there is none, when it is not
+    JSON, or when its format or kind is unknown)."""
     index_dir = Path(index_dir)
     path = index_dir / MANIFEST
     if not path.is_file():
@@ -190,19 +243,158 @@ def read_manifest(index_dir: str | Path) -> dict:
             f"index directory {index_dir} {what}; build one with: "
             f"{rebuild_command('CORPUS.jsonl', 'bm25', index_dir)} (or --kind dense)"
         )
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("kind") not in KINDS:
-        raise ValueError(f"{path}: unknown index kind {manifest.get('kind')!r}; valid: {', '.join(KINDS)}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IndexMismatchError(
+            f"index {index_dir} is damaged: {MANIFEST} is not valid JSON ({e}). Rebuild it with: "
+            f"{rebuild_command('CORPUS.jsonl', 'bm25', index_dir)} (or --kind dense)"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("kind") not in KINDS:
+        kind = manifest.get("kind") if isinstance(manifest, dict) else None
+        raise ValueError(
+            f"{path}: unknown index kind {kind!r}; valid: {', '.join(KINDS)}. Rebuild it with: "
+            f"{rebuild_command('CORPUS.jsonl', 'bm25', index_dir)} (or --kind dense)"
+        )
+    fmt = manifest.get("format")
+    if not isinstance(fmt, int) or not 1 <= fmt <= MANIFEST_FORMAT:
+        raise IndexMismatchError(
+            f"index {index_dir}: {MANIFEST} has format {fmt!r}, this zerosim reads formats 1 to "
+            f"{MANIFEST_FORMAT}; upgrade zerosim, or rebuild it with: "
+            f"{rebuild_command(_source(manifest, None), manifest['kind'], index_dir)}"
+        )
+    if not isinstance(manifest.get("corpus"), dict) or not isinstance(manifest.get(manifest["kind"]), dict):
+        raise damaged_index_error(
+            index_dir, manifest, f"{MANIFEST} lacks its 'corpus' or {manifest['kind']!r} section"
+        )
     return manifest
 
 
-def _mismatch(index_dir: Path, manifest: dict, what: str, corpus: str | Path | None) -> IndexMismatchError:
-    dense = manifest.get("dense") or {}
-    source = corpus or manifest["corpus"].get("source") or "CORPUS.jsonl"
-    command = rebuild_command(
-        source, manifest["kind"], index_dir, encoder=dense.get("encoder"), faiss_type=dense.get("faiss_type")
+def _source(manifest: dict, corpus: str | Path | None) -> str:
+    recorded = manifest.get("corpus") if isinstance(manifest.get("corpus"), dict) else {}
+    return str(corpus or recorded.get("source") or "CORPUS.jsonl")
+
+
+def _rebuild(index_dir: Path, manifest: dict, corpus: str | Path | None) -> str:
+    dense = manifest.get("dense") if isinstance(manifest.get("dense"), dict) else {}
+    return rebuild_command(
+        _source(manifest, corpus),
+        manifest["kind"],
+        index_dir,
+        encoder=dense.get("encoder"),
+        faiss_type=dense.get("faiss_type"),
     )
-    return IndexMismatchError(f"index {index_dir} does not match: {what}. Rebuild it with: {command}")
+
+
+def _mismatch(index_dir: Path, manifest: dict, what: str, corpus: str | Path | None) -> IndexMismatchError:
+    return IndexMismatchError(
+        f"index {index_dir} does not match: {what}. Rebuild it with: {_rebuild(index_dir, manifest, corpus)}"
+    )
+
+
+def damaged_index_error(index_dir: Path, manifest: dict, what: str) -> IndexMismatchError:
+    """The error for an index whose files no longer fit its manifest (changed or lost after the build)."""
+    return IndexMismatchError(
+        f"index {index_dir} is damaged: {what}. Rebuild it with: {_rebuild(index_dir, manifest, None)}"
+    )
+
+
+# (path, size, mtime_ns, inode, device) -> result, so that a file is hashed or parsed once per version
+_DOCS_DIGESTS: dict[tuple, tuple[str, int]] = {}
+_CORPUS_FINGERPRINTS: dict[tuple, dict] = {}
+
+
+def _file_key(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def docs_digest(path: str | Path) -> tuple[str, int]:
+    """``(sha256, lines)`` of a docs.jsonl as stored: the file's bytes hashed in blocks (no parsing), so it
+    equals the manifest's ``corpus`` fingerprint exactly when the file is as built. Cached per file
+    version (size, mtime, inode) for the process."""
+    path = Path(path)
+    key = _file_key(path)
+    if key not in _DOCS_DIGESTS:
+        digest, lines = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            while block := f.read(_HASH_BLOCK):
+                digest.update(block)
+                lines += block.count(b"\n")
+        _DOCS_DIGESTS[key] = (digest.hexdigest(), lines)
+    return _DOCS_DIGESTS[key]
+
+
+def corpus_file_fingerprint(corpus: str | Path) -> dict:
+    """:func:`corpus_fingerprint` of a corpus file's passages (parsed once per file version and process)."""
+    from zerosim.data.qa import load_corpus
+
+    path = Path(corpus)
+    key = _file_key(path) if path.is_file() else None
+    if key is None or key not in _CORPUS_FINGERPRINTS:
+        found = corpus_fingerprint(load_corpus(path))
+        if key is None:
+            return found
+        _CORPUS_FINGERPRINTS[key] = found
+    return _CORPUS_FINGERPRINTS[key]
+
+
+def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
+    """Check that the files of ``index_dir`` are the ones its manifest describes; return the manifest.
+
+    docs.jsonl must hold the manifest's passage count and sha256 (a truncated, extended or edited file is
+    refused before any query can reach a row that is not there), the manifest must match its ``checksum``
+    (format 2; an edited stemmer or encoder would otherwise tokenise or encode queries unlike the index),
+    and the kind's data must be present (``bm25s/`` or ``faiss.index``; embeddings.f32, when kept, must
+    hold passages x dimension float32). Counts inside the bm25s / faiss data are checked when they load.
+    """
+    index_dir = Path(index_dir)
+    manifest = read_manifest(index_dir) if manifest is None else manifest
+    recorded = manifest["corpus"]
+    docs = index_dir / DOCS
+    if not docs.is_file():
+        raise damaged_index_error(index_dir, manifest, f"{DOCS} is missing")
+    sha, lines = docs_digest(docs)
+    if lines != recorded.get("passages"):
+        raise damaged_index_error(
+            index_dir,
+            manifest,
+            f"{DOCS} holds {lines} passages, the manifest records {recorded.get('passages')} "
+            "(truncated or extended after the build)",
+        )
+    if sha != recorded.get("sha256"):
+        raise damaged_index_error(
+            index_dir,
+            manifest,
+            f"{DOCS} was edited after the build: its sha256 is {sha[:12]}, the manifest records "
+            f"{str(recorded.get('sha256'))[:12]}",
+        )
+    if manifest["format"] >= 2:
+        checksum = manifest.get("checksum")
+        if checksum != manifest_checksum(manifest):
+            section = {k: v for k, v in manifest.items() if k in ("bm25", "dense")}
+            raise damaged_index_error(
+                index_dir,
+                manifest,
+                f"{MANIFEST} was changed after the build (its fields no longer match the checksum recorded "
+                f"then, {'none' if checksum is None else str(checksum)[:12]}); its settings now read "
+                f"{json.dumps(section, sort_keys=True)}: queries would be tokenised or encoded unlike the "
+                "stored index",
+            )
+    data = index_dir / ("bm25s" if manifest["kind"] == "bm25" else "faiss.index")
+    if not data.exists():
+        raise damaged_index_error(index_dir, manifest, f"{data.name} is missing")
+    embeddings = index_dir / EMBEDDINGS
+    if manifest["kind"] == "dense" and embeddings.is_file():
+        expected = lines * int(manifest["dense"].get("dimension", 0)) * 4
+        if embeddings.stat().st_size != expected:
+            raise damaged_index_error(
+                index_dir,
+                manifest,
+                f"{EMBEDDINGS} holds {embeddings.stat().st_size} bytes, expected {expected} "
+                f"({lines} passages x {manifest['dense'].get('dimension')} float32)",
+            )
+    return manifest
 
 
 def load_index(
@@ -211,51 +403,81 @@ def load_index(
     corpus: str | Path | None = None,
     encoder: str | None = None,
     device: str | None = None,
+    kind: str | None = None,
 ) -> SearchEngine:
     """Load the index at ``index_dir`` as a ready :class:`SearchEngine` (BM25 or dense, from its manifest).
 
-    With ``corpus`` (a corpus file), its passages must be the ones indexed (same sha256 and count); with
-    ``encoder`` (dense only; ignored for bm25), it must be the encoder the index was built with. The
+    The index is first verified (:func:`verify_index`): its passages, manifest and stored data must be as
+    built. With ``corpus`` (a corpus file), its passages must be the ones indexed (same sha256 and count);
+    with ``encoder`` (dense only; ignored for bm25), it must be the encoder the index was built with. The
     encoder's embedding dimension must always equal the manifest's. Any difference raises
-    :class:`IndexMismatchError` naming it and the rebuild command.
+    :class:`IndexMismatchError` naming it and the rebuild command; so does a ``kind`` (bm25 | dense) other
+    than the index's. The engine keeps the manifest (``engine.manifest``) and its folder
+    (``engine.index_dir``).
     """
     from zerosim.data.qa import load_corpus
 
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
+    if kind is not None and kind != manifest["kind"]:
+        raise IndexMismatchError(
+            f"index {index_dir} is a {manifest['kind']} index, not a {kind} one: point the {kind} settings at "
+            f"a {kind} index, or build one with: {rebuild_command(_source(manifest, corpus), kind, index_dir.parent / f'{index_dir.name}-{kind}')}"
+        )
     if corpus is not None:
-        expected, found = manifest["corpus"], corpus_fingerprint(load_corpus(corpus))
+        expected, found = manifest["corpus"], corpus_file_fingerprint(corpus)
         if (expected["sha256"], expected["passages"]) != (found["sha256"], found["passages"]):
             what = (
                 f"corpus differs: index built from {expected['passages']} passages (sha256 {expected['sha256'][:12]}), "
                 f"{corpus} has {found['passages']} passages (sha256 {found['sha256'][:12]})"
             )
             raise _mismatch(index_dir, manifest, what, corpus)
+    if manifest["kind"] == "dense":
+        from eval.dense import embedding_dimension, load_encoder, resolve_encoder
+
+        built = manifest["dense"]
+        if encoder is not None and resolve_encoder(encoder)[0] != built["encoder"]:
+            dim = embedding_dimension(load_encoder(encoder, device))
+            what = (
+                f"encoder differs: index built with {built['encoder']} ({built['dimension']}-d embeddings), "
+                f"asked for {resolve_encoder(encoder)[0]} ({dim}-d)"
+            )
+            if dim != built["dimension"]:
+                what += f"; embedding dimension differs: expected {built['dimension']}, found {dim}"
+            raise _mismatch(index_dir, manifest, what, corpus)
+        dim = embedding_dimension(load_encoder(built["encoder"], device))
+        if dim != built["dimension"]:
+            what = (
+                f"embedding dimension differs: index holds {built['dimension']}-d embeddings, "
+                f"encoder {built['encoder']} now gives {dim}-d"
+            )
+            raise _mismatch(index_dir, manifest, what, corpus)
+    verify_index(index_dir, manifest)
     docs = load_corpus(index_dir / DOCS)
     if manifest["kind"] == "bm25":
         from eval.bm25 import BM25Retriever
 
-        return BM25Retriever.from_files(index_dir, docs, manifest)
+        engine = BM25Retriever.from_files(index_dir, docs, manifest)
+    else:
+        from eval.dense import DenseRetriever
 
-    from eval.dense import embedding_dimension, load_encoder, resolve_encoder
+        engine = DenseRetriever.from_files(index_dir, docs, manifest, device=device)
+    engine.manifest, engine.index_dir = manifest, index_dir
+    logger.info(
+        "index %s: %s, %d passages from %s%s",
+        index_dir,
+        manifest["kind"],
+        len(docs),
+        manifest["corpus"].get("source") or "an in-memory corpus",
+        "" if corpus is None else f" (checked against {corpus})",
+    )
+    return engine
 
-    built = manifest["dense"]
-    if encoder is not None and resolve_encoder(encoder)[0] != built["encoder"]:
-        dim = embedding_dimension(load_encoder(encoder, device))
-        what = (
-            f"encoder differs: index built with {built['encoder']} ({built['dimension']}-d embeddings), "
-            f"asked for {resolve_encoder(encoder)[0]} ({dim}-d)"
+
+def check_stored_count(index_dir: Path, manifest: dict, what: str, count: int, passages: int) -> None:
+    """Raise the damaged-index error when the stored bm25s / faiss data holds ``count`` entries for
+    ``passages`` passages (row i of docs.jsonl is entry i: a difference sends queries to missing rows)."""
+    if count != passages:
+        raise damaged_index_error(
+            index_dir, manifest, f"{what} holds {count} entries but {DOCS} {passages} passages"
         )
-        if dim != built["dimension"]:
-            what += f"; embedding dimension differs: expected {built['dimension']}, found {dim}"
-        raise _mismatch(index_dir, manifest, what, corpus)
-    dim = embedding_dimension(load_encoder(built["encoder"], device))
-    if dim != built["dimension"]:
-        what = (
-            f"embedding dimension differs: index holds {built['dimension']}-d embeddings, "
-            f"encoder {built['encoder']} now gives {dim}-d"
-        )
-        raise _mismatch(index_dir, manifest, what, corpus)
-    from eval.dense import DenseRetriever
-
-    return DenseRetriever.from_files(index_dir, docs, manifest, device=device)

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.harness import DatasetResult, Evaluator, markdown_table, table
-from zerosim.config import EvalConfig
+from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
+from zerosim.config import ConfigError, EvalConfig
 from zerosim.data.embedded import load_questions
 from zerosim.fsutil import atomic_write_text
 from zerosim.tracking import log_config, log_jsonl, mlflow_run
@@ -22,13 +22,94 @@ class EvalResult:
     out_dir: Path
 
 
+FILE_SUFFIXES = (".jsonl", ".parquet")
+# file stems that name a split, not a dataset: nq/test.jsonl is named after its folder ("nq")
+SPLIT_NAMES = frozenset({"train", "dev", "test", "val", "valid", "validation", "eval", "evaluation"})
+
+
+def _file_name(path: Path, default_split: str, depth: int = 1) -> str:
+    """A dataset file's display name: its stem, or — when the stem is a split name — its folder's name
+    (plus ``:<split>`` for a split other than ``default_split``). ``depth`` > 1 prefixes that many more
+    parent folders (``a/nq`` vs ``b/nq``)."""
+    folders = [p for p in path.resolve().parent.parts if p != path.anchor and p != "/"]
+    stem = path.stem
+    if stem.lower() in SPLIT_NAMES and folders:
+        base = "/".join(folders[-depth:])
+        return base if stem == default_split else f"{base}:{stem}"
+    prefix = folders[-(depth - 1) :] if depth > 1 else []
+    return "/".join([*prefix, stem])
+
+
 def parse_dataset(spec: str, default_split: str) -> tuple[str, str, str]:
-    """``"factbook:dev"`` → (display name, source, split). A bare name uses ``default_split``."""
+    """``"factbook:dev"`` → (display name, source, split). A bare name uses ``default_split``.
+
+    A file is named by its stem (``data/nq.jsonl`` → ``nq``), or by its folder when the stem is a split name
+    (``nq/test.jsonl`` → ``nq``, ``nq/dev.jsonl`` → ``nq:dev``); :func:`dataset_names` makes names distinct.
+    """
     source, sep, split = spec.rpartition(":")
-    if not sep or "/" in split or split.endswith((".jsonl", ".parquet")):
+    if not sep or "/" in split or split.endswith(FILE_SUFFIXES):
         source, split = spec, default_split
-    name = Path(source).stem if source.endswith((".jsonl", ".parquet")) else source
-    return (f"{name}:{split}" if split != default_split else name), source, split
+    if source.endswith(FILE_SUFFIXES):
+        return _file_name(Path(source), default_split), source, split
+    return (f"{source}:{split}" if split != default_split else source), source, split
+
+
+def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, str]]:
+    """``(name, source, split)`` per spec, the names distinct: each names a table row and the MLflow metrics
+    ``<name>/<metric>``. Files whose names collide are told apart by their parent folders (``a/nq``,
+    ``b/nq``); a dataset listed twice, or one that cannot be told apart, is a :class:`ConfigError`."""
+    parsed = [parse_dataset(spec, default_split) for spec in specs]
+    keys: dict[tuple[str, str], str] = {}
+    for spec, (_, source, split) in zip(specs, parsed, strict=True):
+        is_file = source.endswith(FILE_SUFFIXES)
+        key = (str(Path(source).resolve()) if is_file else source, "" if is_file else split)
+        if key in keys:
+            raise ConfigError(
+                f"datasets lists the same dataset twice ({keys[key]!r} and {spec!r}); list it once"
+            )
+        keys[key] = spec
+    names = [name for name, _, _ in parsed]
+    depth = [1] * len(parsed)
+    while True:
+        clash = {n for n in names if names.count(n) > 1}
+        if not clash:
+            break
+        deeper = False
+        for i, (_, source, _) in enumerate(parsed):
+            if names[i] in clash and source.endswith(FILE_SUFFIXES):
+                depth[i] += 1
+                longer = _file_name(Path(source), default_split, depth[i])
+                deeper |= longer != names[i]
+                names[i] = longer
+        if not deeper:
+            shown = ", ".join(s for s, n in zip(specs, names, strict=True) if n in clash)
+            raise ConfigError(
+                f"datasets {shown} all get the name {sorted(clash)[0]!r}; rename a file or its folder"
+            )
+    if "average" in names:
+        raise ConfigError("a dataset may not be named 'average' (the table's average row); rename its file")
+    return [(name, source, split) for name, (_, source, split) in zip(names, parsed, strict=True)]
+
+
+def load_datasets(cfg: EvalConfig) -> list[tuple[str, list]]:
+    """``(name, rows)`` per dataset of ``cfg``, every one non-empty; raises before any model is loaded."""
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ConfigError(
+            f"limit={cfg.limit} would evaluate no rows; set limit to a number of rows >= 1, or leave it unset "
+            "(null) to evaluate every row"
+        )
+    if cfg.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1 (questions per generation batch), got {cfg.batch_size}")
+    if not cfg.datasets:
+        raise ConfigError("datasets is empty; name at least one (a file, an HF id, or factbook)")
+    loaded = []
+    for name, source, split in dataset_names(list(cfg.datasets), cfg.split):
+        rows = load_questions(source, split, limit=cfg.limit)
+        if not rows:
+            where = source if source.endswith(FILE_SUFFIXES) else f"{source}, split {split}"
+            raise empty_dataset_error(name, where)
+        loaded.append((name, rows))
+    return loaded
 
 
 def _training_run_of(policy_path: str) -> str | None:
@@ -55,8 +136,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     from zerosim.models import load_causal_lm, load_tokenizer
 
     torch.manual_seed(cfg.seed)
-    datasets = [parse_dataset(spec, cfg.split) for spec in cfg.datasets]
-    loaded = [(name, load_questions(source, split, limit=cfg.limit)) for name, source, split in datasets]
+    loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
     tokenizer = load_tokenizer(cfg.policy)
     model = load_causal_lm(cfg.policy, cfg.dtype)
     engine = (
@@ -73,6 +153,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> EvalResult:
         train_run = _training_run_of(cfg.policy)
         if train_run:
             mlflow.set_tag("zerosim.train_run_id", train_run)
+        if evaluator.answers_shown:  # the explicit override search.simulator.pass_answers=true
+            mlflow.set_tag("zerosim.simulator_sees_answers", "eval")
         log_config(cfg)
         results: list[DatasetResult] = [evaluator.evaluate(name, rows, progress) for name, rows in loaded]
         rows = table(results)

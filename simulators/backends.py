@@ -10,7 +10,8 @@ implementations:
   :mod:`simulators.openai_server`). The client applies the chat template itself (``/v1/completions``
   takes raw text, and only it accepts a list of prompts in one request), then sends every prompt of a call
   in one request, or in at most ``max_concurrency`` concurrent ones. Bounded retries with backoff, then a
-  :class:`~zerosim.search.SearchError` naming the URL, the attempts and the last problem.
+  :class:`~zerosim.search.SearchError` naming the URL, the attempts and the last problem; each attempt ends
+  by its deadline (``connect_timeout + read_timeout``), however slowly the server sends.
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ class OpenAIBackend:
         tokenizer: a tokenizer object, or a name/path to load one from, whose chat template wraps each prompt
             before it is sent (``/v1/completions`` takes raw text). ``None`` sends prompts unformatted.
         connect_timeout: seconds to wait for a TCP connection.
-        read_timeout: seconds to wait for an answer once sent (a batch of long completions takes a while).
+        read_timeout: seconds to wait for an answer once sent (a batch of long completions takes a while);
+            an attempt as a whole ends ``connect_timeout + read_timeout`` after it started.
         retries: attempts in all per request (1 = no retry). Connection errors, timeouts, 5xx answers,
             invalid JSON and malformed answers (wrong number of choices, ...) are retried; a 4xx answer (a bad
             request, an unknown model) is not.
@@ -254,6 +256,11 @@ class OpenAIBackend:
     ) -> list[str]:
         if not prompts:
             return []
+        for name, value in (("temperature", temperature), ("top_p", top_p)):
+            if not math.isfinite(value):  # JSON cannot carry it, and no server may sample with it
+                raise ValueError(f"{name}={value} must be a finite number")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
         texts = (
             [chat_format(self.tokenizer, p) for p in prompts] if self.tokenizer is not None else list(prompts)
         )

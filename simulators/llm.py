@@ -5,6 +5,11 @@ useful slots with one prompt and the noisy slots with another, sends all prompts
 :class:`~simulators.backends.TextBackend` in one batched call, and marks every returned
 :class:`Document` with its mode.
 
+The gold answers reach the prompt only when the request carries them (``SearchRequest.question`` and
+``answers``): the training rollout's requests do; ``zerosim eval`` and in-training validation strip them
+before the simulator sees the request, unless ``search.simulator.pass_answers`` is explicitly ``true``
+(a logged override). See docs/simulator.md, "Gold answers: training only".
+
 Short answers (fewer documents than slots, garbled or empty text) are handled by ``on_short``:
 
 - ``"reask"`` — ask once more for the missing slots only (one more batched call), then fill what is still
@@ -67,7 +72,10 @@ class LLMSimulator:
         words_per_doc: target length of each document (said in the prompt).
         max_new_tokens: generation budget for all documents of one prompt.
         temperature, top_p: sampling settings (temperature 0 = greedy).
-        pass_answers: show the question and gold answers to the simulator (training-time mode).
+        pass_answers: show the question and gold answers a request carries (``None`` counts as ``True``;
+            ``False`` = never). Whether a request carries them is the caller's business: the training
+            rollout sends them, evaluation and validation withhold them (:class:`eval.harness.WithheldAnswers`)
+            unless ``search.simulator.pass_answers`` is explicitly true.
         prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`).
         seed: with the same prompts, the same seed gives the same documents.
         on_short: ``"reask"`` or ``"fill"`` — what to do when fewer documents than slots come back.
@@ -84,7 +92,7 @@ class LLMSimulator:
         max_new_tokens: int = 192,
         temperature: float = 0.7,
         top_p: float = 0.95,
-        pass_answers: bool = True,
+        pass_answers: bool | None = True,
         prompts: SimulatorPrompts | str | Path | None = None,
         seed: int = 0,
         on_short: str = "reask",
@@ -103,7 +111,7 @@ class LLMSimulator:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
-        self.pass_answers = pass_answers
+        self.pass_answers = pass_answers is not False  # config null = "training only": requests decide
         self.prompts = (
             load_prompts(prompts) if isinstance(prompts, str | Path) else prompts or SimulatorPrompts()
         )

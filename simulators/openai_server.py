@@ -10,7 +10,9 @@ and the HTTP path are exercised on any machine:
 - ``GET /v1/models`` — the base model and any LoRA adapters, each servable by name.
 - ``GET /health`` — ``{"status": "ok", ...}``.
 
-Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request, 404 for
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request (a
+wrong type, or a sampling value out of its range: ``temperature`` finite and >= 0 (as vLLM), ``top_p`` in
+(0, 1] — ``Infinity``/``NaN`` refused — ``max_tokens`` in [1, limit]), naming the field in ``param``, 404 for
 an unknown model, 500 when generation fails. Requests are served one at a time (one model, one generate).
 Binds 127.0.0.1 unless told otherwise: there is no authentication.
 """
@@ -34,7 +36,7 @@ import fastapi
 import uvicorn
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from simulators.backends import TransformersBackend
 from zerosim.server import running_app  # re-exported: serves any app (tests, benchmarks)
@@ -52,8 +54,13 @@ class CompletionRequest(BaseModel):
     model: StrictStr = Field(description="A name from GET /v1/models: the base model or a LoRA adapter.")
     prompt: StrictStr | list[StrictStr] = Field(description="One prompt or a list (one choice each).")
     max_tokens: StrictInt = Field(default=16, ge=1, description="Most new tokens per choice.")
-    temperature: StrictFloat | StrictInt = Field(default=1.0, ge=0, description="0 = greedy.")
-    top_p: StrictFloat | StrictInt = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
+    # strict floats take JSON ints too; Infinity and NaN (which Python's JSON parser accepts) are refused
+    temperature: float = Field(
+        default=1.0, strict=True, allow_inf_nan=False, ge=0, description="0 = greedy; any finite value >= 0."
+    )
+    top_p: float = Field(
+        default=1.0, strict=True, allow_inf_nan=False, gt=0, le=1, description="Nucleus sampling."
+    )
     seed: StrictInt | None = Field(default=None, description="Same prompts + seed -> same texts.")
     n: StrictInt = Field(default=1, description="Choices per prompt; only 1 is supported.")
     stream: StrictBool = Field(default=False, description="Streaming is not supported.")
@@ -95,11 +102,12 @@ def create_openai_app(
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid_request(request: fastapi.Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
+        problems, fields = [], []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
             problems.append(f"{loc}: {e.get('msg', '')}")
-        return _error(400, "invalid request: " + "; ".join(problems))
+            fields.append(loc)
+        return _error(400, "invalid request: " + "; ".join(problems), param=fields[0] if fields else None)
 
     @app.get("/health")
     def health() -> dict[str, Any]:

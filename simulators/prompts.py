@@ -1,7 +1,9 @@
 """Prompt templates for the LLM search simulator (useful and noisy modes).
 
 Templates are ``str.format`` strings with the fields ``query``, ``k``, ``words``, ``context`` (a line
-about the user's question and gold answers, or empty when answers are withheld).
+about the user's question and gold answers, or empty when answers are withheld). The context line tells the
+simulator the answer, so it is rendered only for requests that carry answers — training requests; evaluation
+and validation withhold them (see :mod:`simulators.llm`).
 """
 
 from __future__ import annotations

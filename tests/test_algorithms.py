@@ -1,18 +1,17 @@
-"""Advantage estimators and losses against hand-computed values (masked positions included)."""
-
-import math
+"""Advantage estimators and losses against hand-computed values (masked positions included), and the TRL
+settings each algorithm name stands for. Through the trainer itself: tests/test_trainer_math.py."""
 
 import pytest
 import torch
 
 from zerosim.algorithms import (
     gae,
-    grpo_advantages,
     masked_mean,
     outcome_token_rewards,
     reinforce_advantages,
-    reinforce_pp_advantages,
+    returns_to_go,
     rloo_advantages,
+    uniform_groups,
     value_loss,
     whiten,
 )
@@ -22,12 +21,48 @@ def t(*xs):
     return torch.tensor(xs, dtype=torch.float32)
 
 
-def test_grpo_and_dr_grpo():
-    r = t(1.0, 0.0, 0.0, 1.0, 1.0, 1.0)  # two groups of 3
-    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # unbiased std of (1, 0, 0)
-    expected = [(2 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4), 0.0, 0.0, 0.0]
-    assert grpo_advantages(r, 3).tolist() == pytest.approx(expected, rel=1e-5)
-    assert grpo_advantages(r, 3, scale=False).tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0, 0, 0])
+NAN = float("nan")
+
+
+def test_uniform_groups():
+    r = t(1.0, 0.0, 0.5, 0.5, NAN, 0.3, NAN, NAN, 0.0, 0.0)  # five groups of 2
+    # varied | equal | one scorable (nothing to compare) | none scorable | equal zeros
+    assert uniform_groups(r, 2).tolist() == [False, True, True, True, True]
+    with pytest.raises(ValueError, match="groups of 3"):
+        uniform_groups(t(1.0, 2.0), 3)
+
+
+def test_grpo_args_spell_out_each_algorithm(tmp_path):
+    """What `zerosim train` hands TRL: Dr. GRPO unscaled, DAPO clip-higher, an explicit epsilon_high kept."""
+    from zerosim.config import TrainConfig
+    from zerosim.train import grpo_args
+
+    def args(algorithm, **trainer):
+        cfg = TrainConfig()
+        cfg.trainer.algorithm = algorithm
+        for key, value in trainer.items():
+            setattr(cfg.trainer, key, value)
+        a = grpo_args(cfg, tmp_path)
+        return a.loss_type, a.scale_rewards, a.epsilon, a.epsilon_high
+
+    assert args("grpo") == ("grpo", "group", 0.2, None)  # None: TRL clips symmetrically at epsilon
+    assert args("dr_grpo") == ("dr_grpo", "none", 0.2, None)
+    assert args("dapo") == ("dapo", "group", 0.2, 0.28)
+    assert args("dapo", epsilon_high=0.3) == ("dapo", "group", 0.2, 0.3)
+    assert args("grpo", epsilon_high=0.25)[3] == 0.25
+    for name in ("rloo", "reinforce", "reinforce_pp", "ppo"):
+        assert args(name)[0] == "dapo"
+
+
+def test_dynamic_sampling_is_checked_before_anything_loads():
+    from zerosim.config import ConfigError, load_config
+
+    assert load_config(None, ["trainer.algorithm=dapo"]).trainer.dynamic_sampling is None  # on for dapo
+    load_config(None, ["trainer.algorithm=rloo", "trainer.dynamic_sampling=true"])
+    with pytest.raises(ConfigError, match="trainer.dynamic_sampling=false or trainer.algorithm=dapo"):
+        load_config(None, ["trainer.algorithm=grpo", "trainer.dynamic_sampling=true"])
+    with pytest.raises(ConfigError, match="epsilon_high"):
+        load_config(None, ["trainer.epsilon_high=0"])
 
 
 def test_rloo_leave_one_out():
@@ -46,14 +81,20 @@ def test_rloo_leave_one_out():
     assert rloo_advantages(t(float("nan"), 1.0), 2).tolist() == pytest.approx([0.0, 1.0])
 
 
-def test_reinforce_and_reinforce_pp():
-    r = t(1.0, 0.0, 0.0, 1.0)
-    assert reinforce_advantages(r).tolist() == [1.0, 0.0, 0.0, 1.0]
-    std = math.sqrt(4 * 0.25 / 3)
-    expected = [(x - 0.5) / (std + 1e-4) for x in (1.0, 0.0, 0.0, 1.0)]
-    assert reinforce_pp_advantages(r).tolist() == pytest.approx(expected, rel=1e-5)
-    assert reinforce_pp_advantages(t(0.7)).tolist() == [0.0]
-    assert reinforce_advantages(t(float("nan"))).tolist() == [0.0]
+def test_reinforce():
+    assert reinforce_advantages(t(1.0, 0.0, 0.0, 1.0)).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert reinforce_advantages(t(NAN)).tolist() == [0.0]
+
+
+def test_returns_to_go_skip_environment_tokens():
+    # policy, policy, env, env, policy, pad ; rewards on every position (env ones must be ignored)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])
+    rewards = t(0.1, 0.2, 5.0, 5.0, 1.0, 7.0).unsqueeze(0)
+    assert returns_to_go(rewards, mask).tolist()[0] == pytest.approx([1.3, 1.2, 0, 0, 1.0, 0])
+    # discounted per policy step, not per position: t1 -> t4 is one step
+    g = 0.5
+    expected = [0.1 + g * (0.2 + g * 1.0), 0.2 + g * 1.0, 0, 0, 1.0, 0]
+    assert returns_to_go(rewards, mask, g).tolist()[0] == pytest.approx(expected)
 
 
 def test_gae_skips_environment_tokens():

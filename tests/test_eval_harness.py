@@ -61,6 +61,7 @@ def test_prediction_and_recall_helpers():
     assert _prediction("") == ("", False)
     docs = [Document("1", "Peru", "Its capital is Lima.")]
     assert gold_in_documents(docs, ["lima"]) == 1.0 and gold_in_documents(docs, ["Cusco"]) == 0.0
+    assert gold_in_documents([Document("2", "Fun", "Let us have a party.")], ["art"]) == 0.0  # whole words
 
 
 def test_table_average_row_and_markdown():
@@ -82,13 +83,14 @@ def test_table_average_row_and_markdown():
 def test_cli_eval_end_to_end(tmp_path, tiny_model_dir):
     import mlflow
 
-    qa = tmp_path / "toy.jsonl"
-    qa.write_text(
-        "".join(
-            json.dumps({"id": f"q{i}", "question": f"Capital of {i}?", "golden_answers": ["Lima"]}) + "\n"
-            for i in range(5)
-        )
+    rows = "".join(
+        json.dumps({"id": f"q{i}", "question": f"Capital of {i}?", "golden_answers": ["Lima"]}) + "\n"
+        for i in range(5)
     )
+    nq, hotpotqa = tmp_path / "nq" / "test.jsonl", tmp_path / "hotpotqa" / "test.jsonl"
+    for qa in (nq, hotpotqa):  # FlashRAG's layout: files named after their split, in a folder per dataset
+        qa.parent.mkdir()
+        qa.write_text(rows)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(
         "".join(
@@ -98,20 +100,20 @@ def test_cli_eval_end_to_end(tmp_path, tiny_model_dir):
     )
     db = tmp_path / "mlflow.db"
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "eval", "--policy", str(tiny_model_dir), "--dataset", f"{qa},{qa}",
+        sys.executable, "-m", "zerosim.cli", "eval", "--policy", str(tiny_model_dir), "--dataset", f"{nq},{hotpotqa}",
         "--search", "bm25", "--method", "rag", f"search.bm25.corpus={corpus}", "batch_size=2",
         "max_answer_tokens=4", f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri=sqlite:///{db}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "out" / "rag-bm25" / "table.json").read_text())
-    assert [r["dataset"] for r in rows] == ["toy", "toy", "average"] and rows[0]["n"] == 5
+    assert [r["dataset"] for r in rows] == ["nq", "hotpotqa", "average"] and rows[0]["n"] == 5
     assert rows[0]["recall"] == 1.0
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     (run,) = mlflow.search_runs(experiment_names=["zerosim-eval"], output_format="list")
     assert (
         run.data.tags["zerosim.job"] == "eval"
-        and "toy/em" in run.data.metrics
+        and {"nq/em", "hotpotqa/em"} <= set(run.data.metrics)
         and "average/em" in run.data.metrics
     )
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}

@@ -1,5 +1,6 @@
 """Two training processes (accelerate launch, gloo on CPU) whose ranks finish their trajectories on
-different turns: the job must neither hang nor split its MLflow run, and the ranks must agree."""
+different turns and earn different rewards: the job must neither hang nor split its MLflow run, and the
+ranks must agree — on the curriculum's noise probability too, which follows the whole batch's reward."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from curricula import trajectory_noise
+from curricula import AdaptiveSchedule, trajectory_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,10 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
         "--config", str(ROOT / "configs" / "demo.yaml"),
         f"run.output_dir={tmp_path / 'out'}", "run.name=mp", f"policy.model={tiny_model_dir}",
         "search.engine=bm25", f"search.bm25.corpus={corpus}", "search.negatives=random",
-        "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
+        "curriculum.granularity=document",
+        # adaptive: +0.1 after each step whose mean reward is >= 0.5 (window 1), from 0.5 up to 0.9
+        "curriculum.schedule=adaptive", "curriculum.p_start=0.5", "curriculum.p_end=0.9",
+        "curriculum.adaptive_window=1", "curriculum.adaptive_delta=0.1",
         f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
         "trainer.num_generations=2", "rollout.max_new_tokens=16", "rollout.max_turns=3",
         f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=mp", "warmstart.enabled=false",
@@ -62,8 +66,8 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
     records = [
         [json.loads(line) for line in (trace / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)
     ]
-    # validation rollouts run without curriculum noise (p 0); the training ones at the recipe's p 0.5
-    ranks = [[r for r in rank if r["p"] == 0.5] for rank in records]
+    # validation rollouts run without curriculum noise (p 0); the training ones at the curriculum's p (>= 0.5)
+    ranks = [[r for r in rank if r["p"] > 0] for rank in records]
     passes = [[r for r in rank if r["p"] == 0.0] for rank in records]
     assert len(ranks[0]) == len(ranks[1]) == 2  # one rollout per step on each rank
     assert len(passes[0]) == len(passes[1]) == 6  # 3 validation passes x 2 batches on each rank
@@ -81,10 +85,26 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
         assert (r0["offset"], r1["offset"]) == (0, 4)  # rank 1 holds trajectories 4..7 of the global batch
         for index, noisy in r1["noise"]:  # a pure function of (seed, step, global trajectory, search)
             expected = trajectory_noise(
-                seed=0, step=r1["step"], trajectory=index, search=0, k=3, p=0.5, granularity="document"
+                seed=0, step=r1["step"], trajectory=index, search=0, k=3, p=r1["p"], granularity="document"
             )
             assert tuple(noisy) == expected
         assert len({tuple(n) for _, n in r1["noise"]}) > 1  # distinct draws per trajectory
+
+    # the adaptive curriculum: each rank saw only its own rewards (rank 0 right, rank 1 wrong), yet both were
+    # given the mean over the whole batch and hold the p one process with all the rewards would hold
+    observed = [
+        [json.loads(line) for line in (trace / f"observe{r}.jsonl").read_text().splitlines()] for r in (0, 1)
+    ]
+    assert [o["step"] for o in observed[0]] == [o["step"] for o in observed[1]] == [0, 1]
+    alone = AdaptiveSchedule(p_start=0.5, p_end=0.9, window=1, delta=0.1)
+    for o0, o1 in zip(*observed, strict=True):
+        assert sum(o0["local"]) / len(o0["local"]) > sum(o1["local"]) / len(o1["local"])  # ranks differ
+        everything = o0["local"] + o1["local"]
+        assert o0["mean"] == o1["mean"] == pytest.approx(sum(everything) / len(everything))
+        alone.observe(o0["step"], sum(everything) / len(everything))
+        assert o0["p"] == o1["p"] == pytest.approx(alone.p)
+    assert alone.p > 0.5  # the batch's reward raised the noise (rank 1's own rewards alone would not have)
+    assert [r["p"] for r in ranks[1]] == [0.5, observed[1][0]["p"]]  # step 1 rolled out at the new p
 
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     runs = mlflow.search_runs(experiment_names=["mp"], output_format="list")

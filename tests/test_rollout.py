@@ -225,3 +225,33 @@ def test_hf_generator_stops_at_stop_string(tokenizer):
     (out,) = gen.generate([[1, 2, 3]], 20)
     assert tokenizer.decode(out.token_ids).endswith("</answer>") and out.finish == "stop"
     assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, monkeypatch):
+    """transformers rebuilds StopStringCriteria (a pass over the 49k vocabulary) on every generate call that
+    names stop strings; HFGenerator builds it once per (tokenizer, stop strings) and still stops there."""
+    import torch
+    import transformers
+
+    from zerosim.generation import _STOP_CRITERIA
+    from zerosim.models import load_causal_lm
+
+    _STOP_CRITERIA.clear()
+    built = []
+    original = transformers.StopStringCriteria.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.StopStringCriteria, "__init__", counting)
+    model = load_causal_lm(str(tiny_model_dir), "float32")
+    # a stop string the tiny model writes at once: its first sampled token's text
+    torch.manual_seed(0)
+    probe = HFGenerator(model, tokenizer, temperature=0.0).generate([[1, 2, 3]], 1)[0]
+    stop = tokenizer.decode(probe.token_ids).strip() or tokenizer.decode(probe.token_ids)
+    for _ in range(3):  # e.g. one generator per training step
+        gen = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop])
+        (out,) = gen.generate([[1, 2, 3]], 8)
+        assert out.finish == "stop" and len(out.token_ids) == 1
+    assert len(built) == 1

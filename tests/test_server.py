@@ -128,9 +128,12 @@ def test_health(bm25_url, fake):
         "max_topk": 50,
         "max_queries": 1024,
         "default_topk": 3,
+        "noise": "negatives",  # a retriever over a corpus: noisy slots get corpus negatives
+        "negatives": ["hard", "random"],
     }
     health = httpx.get(f"{fake[1]}/health").json()
     assert health["engine"] == "FakeEngine" and health["documents"] is None and health["max_topk"] == 5
+    assert (health["noise"], health["negatives"]) == ("engine", [])  # it writes noisy documents itself
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,7 @@
-"""The losses through the trainer itself: KL sign, zero gradient on environment tokens, the PPO critic's micro-batches."""
+"""The losses through the trainer itself: each algorithm's advantages and loss as ``SearchTrainer`` computes
+them (TRL's scoring included), KL sign, zero gradient on environment tokens, the PPO critic's micro-batches."""
+
+import math
 
 import pytest
 import torch
@@ -6,25 +9,148 @@ import torch
 from zerosim.trainer import SearchTrainer
 
 
-def make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.0, **trainer_kwargs):
-    """A ``SearchTrainer`` on the tiny model: groups of 2, 8 completion tokens, no reward signal."""
+def make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.0, rewards=None, **trainer_kwargs):
+    """A ``SearchTrainer`` on the tiny model: groups of 2, 8 completion tokens; ``rewards``: what the reward
+    function returns for a batch (default: 0 for every completion)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
     from zerosim.models import load_causal_lm
 
+    # no loss_type / scale_rewards / epsilon_high: the algorithm sets them
     args = GRPOConfig(
         output_dir=str(tmp_path), beta=beta, num_generations=2, per_device_train_batch_size=2,
-        max_completion_length=8, loss_type="dapo", use_cpu=True, report_to=[], logging_steps=1,
+        max_completion_length=8, use_cpu=True, report_to=[], logging_steps=1,
     )  # fmt: skip
     return SearchTrainer(
         model=load_causal_lm(str(tiny_model_dir), "float32"),
-        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        reward_funcs=[lambda completions, **kw: list(rewards) if rewards else [0.0] * len(completions)],
         args=args,
         train_dataset=Dataset.from_list([{"prompt": "q"}] * 4),
         processing_class=tokenizer,
         **trainer_kwargs,
     )
+
+
+# Two groups of 2 trajectories, 6 completion tokens each; env mask 0 = an <information> token.
+ENV = [[1, 1, 0, 0, 1, 1], [1, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1]]
+
+
+def scripted_rollout(prompts, trainer):
+    """A TRL ``rollout_func``: fixed prompt and completion tokens, ``ENV`` as the env mask."""
+    g = torch.Generator().manual_seed(5)
+    return {
+        "prompt_ids": [[101, 102, 103, 104]] * len(prompts),
+        "completion_ids": torch.randint(10, 1000, (len(prompts), 6), generator=g).tolist(),
+        "logprobs": [[0.0] * 6] * len(prompts),
+        "env_mask": ENV[: len(prompts)],
+    }
+
+
+def scored(tmp_path, tiny_model_dir, tokenizer, algorithm, rewards, beta=0.0, **kwargs):
+    """The trainer and the batch it scored: TRL's ``_generate_and_score_completions`` with our overrides,
+    over ``scripted_rollout``'s 4 trajectories rewarded ``rewards``."""
+    torch.manual_seed(0)
+    if algorithm == "ppo" and "critic" not in kwargs:
+        from zerosim.trainer import Critic
+
+        kwargs["critic"] = Critic.from_pretrained(str(tiny_model_dir), "float32")
+    trainer = make_trainer(
+        tmp_path, tiny_model_dir, tokenizer, beta=beta, rewards=rewards, algorithm=algorithm,
+        rollout_func=scripted_rollout, **kwargs,
+    )  # fmt: skip
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what transformers' loop sets with no accumulation
+    return trainer, trainer._generate_and_score_completions([{"prompt": "q"}] * 4)
+
+
+def logps(trainer, model, out):
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attention = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(model, ids, attention, ids.shape[1] - 4)[0]
+
+
+REWARDS = [1.0, 0.0, 0.25, 0.75]
+S0, S1 = math.sqrt(0.5), math.sqrt(0.125)  # unbiased std of (1, 0) and of (0.25, 0.75)
+EXPECTED = {
+    "grpo": [0.5 / (S0 + 1e-4), -0.5 / (S0 + 1e-4), -0.25 / (S1 + 1e-4), 0.25 / (S1 + 1e-4)],
+    "dr_grpo": [0.5, -0.5, -0.25, 0.25],  # Dr. GRPO: r - group mean, no division by the std
+    "dapo": [0.5 / (S0 + 1e-4), -0.5 / (S0 + 1e-4), -0.25 / (S1 + 1e-4), 0.25 / (S1 + 1e-4)],
+    "rloo": [1.0, -1.0, -0.5, 0.5],  # r_i - (the other member)
+    "reinforce": REWARDS,
+}
+LOSS = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo", "rloo": "dapo", "reinforce": "dapo"}
+
+
+@pytest.mark.parametrize("algorithm", sorted(EXPECTED))
+def test_sequence_advantages_through_the_trainer(tmp_path, tiny_model_dir, tokenizer, algorithm):
+    trainer, out = scored(tmp_path, tiny_model_dir, tokenizer, algorithm, REWARDS)
+    assert trainer.loss_type == LOSS[algorithm]
+    assert out["advantages"].tolist() == pytest.approx(EXPECTED[algorithm], rel=1e-5)
+    assert out["tool_mask"].tolist() == ENV  # no group has equal rewards: nothing dropped
+
+
+def test_dapo_clips_higher_and_drops_equal_reward_groups(tmp_path, tiny_model_dir, tokenizer):
+    rewards = [1.0, 0.0, 0.5, 0.5]  # the second group has no signal
+    trainer, out = scored(tmp_path, tiny_model_dir, tokenizer, "dapo", rewards)
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, 0.28)
+    # dropped from the loss: the rows' loss mask is zeroed and the token count no longer includes them
+    assert out["tool_mask"].tolist() == ENV[:2] + [[0] * 6] * 2
+    n0, n1 = sum(ENV[0]), sum(ENV[1])
+    assert int(out["num_items_in_batch"]) == n0 + n1
+    assert trainer._metrics["train"]["algorithm/groups_dropped"] == [1.0]
+    # the loss at ratio 1.25 (inside DAPO's [0.8, 1.28], outside symmetric clipping's 1.2): every kept token
+    # contributes -1.25 A, divided by the kept tokens only
+    out["old_per_token_logps"] = logps(trainer, trainer.model, out) - math.log(1.25)
+    a = 0.5 / (S0 + 1e-4)
+    expected = -1.25 * (a * n0 - a * n1) / (n0 + n1)
+    assert trainer._compute_loss(trainer.model, out).item() == pytest.approx(expected, rel=1e-4)
+
+    _, kept = scored(tmp_path / "all", tiny_model_dir, tokenizer, "dapo", rewards, dynamic_sampling=False)
+    assert kept["tool_mask"].tolist() == ENV and int(kept["num_items_in_batch"]) == sum(map(sum, ENV))
+
+
+def test_dynamic_sampling_needs_a_group_baseline(tmp_path, tiny_model_dir, tokenizer):
+    with pytest.raises(ValueError, match="dynamic_sampling=false"):
+        make_trainer(tmp_path, tiny_model_dir, tokenizer, algorithm="reinforce", dynamic_sampling=True)
+
+
+def test_reinforce_pp_puts_the_kl_in_the_reward_not_the_loss(tmp_path, tiny_model_dir, tokenizer):
+    beta = 0.5
+    trainer, _ = scored(tmp_path, tiny_model_dir, tokenizer, "reinforce_pp", REWARDS, beta=beta)
+    with torch.no_grad():  # move the policy away from the reference, then score a batch
+        g = torch.Generator().manual_seed(2)
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    out = trainer._generate_and_score_completions([{"prompt": "q"}] * 4)
+    old, ref = logps(trainer, trainer.model, out), logps(trainer, trainer.ref_model, out)
+    torch.testing.assert_close(out["ref_per_token_logps"], ref)
+
+    # by hand: r_t = -beta (log pi_old - log pi_ref) on policy tokens, + the outcome on the last one;
+    # returns-to-go over policy tokens; normalised over all policy tokens of the batch
+    raw = torch.zeros(4, 6, dtype=torch.float64)
+    for b in range(4):
+        ret, last = 0.0, max(t for t in range(6) if ENV[b][t])
+        for t in reversed(range(6)):
+            if ENV[b][t]:
+                ret += -beta * (old[b, t] - ref[b, t]).item() + (REWARDS[b] if t == last else 0.0)
+                raw[b, t] = ret
+    mask = torch.tensor(ENV, dtype=torch.bool)
+    values = raw[mask]
+    mean, std = values.mean(), values.var(unbiased=False).sqrt()
+    expected = torch.where(mask, (raw - mean) / (std + 1e-4), torch.zeros_like(raw))
+    assert out["advantages"].shape == (4, 6)
+    torch.testing.assert_close(out["advantages"].double(), expected, rtol=1e-4, atol=1e-5)
+    kl_reward = trainer._metrics["train"]["algorithm/kl_reward"][-1]
+    assert kl_reward == pytest.approx((old - ref)[mask].mean().item(), rel=1e-4)
+
+    # the loss holds no KL term: at ratio 1 it is -mean(A) over policy tokens, 0 for normalised advantages,
+    # where TRL's k3 KL in the loss would add beta * mean(k3) (clearly non-zero here)
+    d = ref - logps(trainer, trainer.model, out)
+    k3 = (torch.exp(d) - d - 1)[mask].mean().item()
+    assert beta * k3 > 1e-3
+    assert trainer._compute_loss(trainer.model, out).item() == pytest.approx(0.0, abs=1e-5)
 
 
 @pytest.fixture
@@ -95,28 +221,31 @@ def test_kl_term_pulls_the_policy_toward_the_reference(trainer):
     assert after[0] < 0.8 * before[0] and after[1] < before[1], (before, after)
 
 
-def test_environment_tokens_get_exactly_zero_gradient(trainer):
-    tool_mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 0, 0, 0, 0, 1]])
-    inputs = make_inputs(trainer, torch.tensor([1.0, -2.0]), tool_mask)
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "rloo", "reinforce", "reinforce_pp", "ppo"])
+def test_environment_tokens_get_exactly_zero_gradient(tmp_path, tiny_model_dir, tokenizer, algorithm):
+    """Each algorithm's loss on the batch the trainer scored (its own advantages, KL on): the gradient reaching
+    an <information> token's prediction is exactly 0, every policy token's is not."""
+    # every trajectory's advantage is non-zero under every algorithm (reinforce: no reward of 0)
+    trainer, out = scored(tmp_path, tiny_model_dir, tokenizer, algorithm, [1.0, -0.5, 0.25, 0.75], beta=0.1)
     captured = {}
 
     def keep(module, args, output):
         output.retain_grad()
-        captured["logits"] = output
+        captured["hidden"] = output
 
     # The loss computes log-probs with a fused head (no logits tensor): watch the final hidden states instead.
     # Position p of the final norm's output feeds only the prediction of token p+1.
     handle = trainer.model.model.norm.register_forward_hook(keep)
     try:
         trainer.model.zero_grad()
-        trainer._compute_loss(trainer.model, inputs).backward()
+        trainer._compute_loss(trainer.model, out).backward()
     finally:
         handle.remove()
-    grad = captured["logits"].grad  # (B, P+T, H)
-    T = tool_mask.shape[1]
-    per_position = grad[:, -T - 1 : -1].abs().sum(-1)  # the positions predicting completion tokens 0..T-1
-    assert torch.all(per_position[tool_mask == 0] == 0)  # exactly zero, not just small
-    assert torch.all(per_position[tool_mask == 1] > 0)
+    grad = captured["hidden"].grad  # (B, P+T, H)
+    per_position = grad[:, -6 - 1 : -1].abs().sum(-1)  # the positions predicting completion tokens 0..5
+    env = torch.tensor(ENV)
+    assert torch.all(per_position[env == 0] == 0)  # exactly zero, not just small
+    assert torch.all(per_position[env == 1] > 0)
 
 
 def test_collapse_guard_stops_only_after_patience_silent_steps():

@@ -5,7 +5,8 @@ layout). Token-level tensors are ``(B, T)`` over completion tokens; ``mask`` is 
 wrote and 0 on environment tokens (``<information>`` blocks) and padding. NaN rewards (unscorable
 trajectories) get advantage 0.
 
-GRPO, Dr. GRPO and DAPO advantages are TRL's (group mean, optionally / group std); the others are here.
+GRPO, Dr. GRPO and DAPO advantages are TRL's (group mean; / group std for grpo and dapo, not for Dr. GRPO);
+the others, and DAPO's dynamic-sampling test (:func:`uniform_groups`), are here.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True) -> torch.Tensor:
-    """GRPO: ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)`` (``scale=False``: Dr. GRPO, no division).
+def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(P,)`` booleans: True for a group whose scorable (non-NaN) rewards are all equal, or that has none.
 
-    ``std_g`` is the unbiased group standard deviation, as TRL computes it.
+    Such a group has no learning signal under a group baseline (every advantage is 0); DAPO's dynamic
+    sampling drops it from the batch.
     """
     g = _grouped(rewards, group_size)
-    adv = g - g.nanmean(dim=1, keepdim=True)
-    if scale:
-        adv = adv / (g.std(dim=1, keepdim=True) + EPS)
-    return torch.nan_to_num(adv.reshape(-1), nan=0.0)
+    scorable = ~torch.isnan(g)
+    top = torch.where(scorable, g, torch.full_like(g, -torch.inf)).max(dim=1).values
+    bottom = torch.where(scorable, g, torch.full_like(g, torch.inf)).min(dim=1).values
+    return ~scorable.any(dim=1) | (top == bottom)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -51,16 +53,15 @@ def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(rewards.clone(), nan=0.0)
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """REINFORCE++: advantages normalised over the whole batch, no groups.
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """``(B, T)`` discounted sums of the token rewards from each policy token to the end of its row.
 
-    ``A_i = (r_i - mean_B(r)) / (std_B(r) + eps)`` (unbiased std; a batch of one gets 0).
+    Walking the masked-in positions ``t_1 < … < t_n`` of a row as consecutive steps (environment tokens are
+    skipped, as in :func:`gae`): ``G_{t_n} = r_{t_n}``, ``G_{t_k} = r_{t_k} + γ G_{t_{k+1}}``. Masked-out
+    positions get 0 and a reward placed on one is ignored. (REINFORCE++'s return: ``gae`` with ``V = 0``, ``λ = 1``.)
     """
-    valid = rewards[~torch.isnan(rewards)]
-    if valid.numel() < 2:
-        return torch.zeros_like(rewards)
-    adv = (rewards - valid.mean()) / (valid.std() + EPS)
-    return torch.nan_to_num(adv, nan=0.0)
+    advantages, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)
+    return advantages
 
 
 def gae(
@@ -130,5 +131,4 @@ def value_loss(
 ADVANTAGES = {
     "rloo": lambda rewards, group_size: rloo_advantages(rewards, group_size),
     "reinforce": lambda rewards, group_size: reinforce_advantages(rewards),
-    "reinforce_pp": lambda rewards, group_size: reinforce_pp_advantages(rewards),
 }

@@ -1,16 +1,91 @@
-"""The ``zerosim`` command line."""
+"""The ``zerosim`` command line.
+
+A mistake of the user's — a bad config value or file, a malformed data row, a missing model or index, a
+search backend that cannot be reached — ends the command with one line on stderr naming the problem and the
+fix, and exit code 2; ``--debug`` (anywhere on the line) or ``ZEROSIM_DEBUG=1`` prints the traceback too.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_PACKAGES = ("zerosim", "eval", "simulators", "curricula")
+# a user's mistake, not a bug: reported in one line (ConfigError, DataError, ModelError are ValueErrors)
+USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def _debug_env() -> bool:
+    return os.environ.get("ZEROSIM_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _user_error(exc: BaseException) -> bool:
+    from zerosim.search import SearchError
+
+    return isinstance(exc, (ValueError, SearchError, *USER_OS_ERRORS))
+
+
+def _ours(exc: BaseException) -> bool:
+    """Raised on purpose by zerosim (its own error class, or a raise in its code): the message is written for
+    the user; anything else (a library's ValueError) gets a pointer to --debug."""
+    if type(exc).__module__.split(".")[0] in PROJECT_PACKAGES:
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    where = Path(frames[-1].filename).resolve()
+    return any(where.is_relative_to(ROOT / package) for package in PROJECT_PACKAGES)
+
+
+def error_line(exc: BaseException, debug: bool = False) -> str:
+    """The one line ``zerosim`` prints for a user error."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror and len(exc.args) == 2:
+        message = f"{exc.filename}: {exc.strerror}; check the path"  # raised by the OS: [Errno 2] ...
+    else:
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        message = message or type(exc).__name__
+    if not _ours(exc):
+        message = f"{type(exc).__name__}: {message}" + (
+            "" if debug else " (run with --debug for the traceback)"
+        )
+    return message
+
+
+class ZerosimGroup(TyperGroup):
+    """Turns a user error raised by any subcommand into one line on stderr and exit code 2."""
+
+    debug = False
+
+    def main(self, args=None, *rest, **kwargs):
+        args = list(sys.argv[1:] if args is None else args)
+        ZerosimGroup.debug = "--debug" in args or _debug_env()  # --debug anywhere on the line
+        return super().main([a for a in args if a != "--debug"], *rest, **kwargs)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if not _user_error(exc):
+                raise
+            debug = ZerosimGroup.debug or _debug_env()
+            if debug:
+                traceback.print_exception(exc, file=sys.stderr)
+            _fail(error_line(exc, debug))
+
 
 app = typer.Typer(
-    help="zerosim: train LLM search agents against a simulated search engine.", no_args_is_help=True
+    help="zerosim: train LLM search agents against a simulated search engine.",
+    no_args_is_help=True,
+    cls=ZerosimGroup,
 )
 models_app = typer.Typer(help="Embedded and local models.", no_args_is_help=True)
 data_app = typer.Typer(help="Embedded data sets.", no_args_is_help=True)
@@ -30,19 +105,28 @@ app.add_typer(simulator_app, name="simulator")
 console = Console(stderr=True)
 
 
+@app.callback()
+def main(
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="On an error, print the traceback too (also ZEROSIM_DEBUG=1; may follow the command).",
+    ),
+) -> None:
+    """zerosim: train LLM search agents against a simulated search engine."""
+
+
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    """One line on stderr (no markup, no wrapping) and exit code 2."""
+    typer.echo(typer.style("error:", fg="red", bold=True) + " " + message, err=True)
     raise typer.Exit(code=2)
 
 
 def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
-    from zerosim.config import ConfigError, load_config
+    from zerosim.config import load_config
 
     extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    try:
-        return load_config(config, [*extra, *(overrides or [])], schema=schema)
-    except ConfigError as exc:
-        _fail(str(exc))
+    return load_config(config, [*extra, *(overrides or [])], schema=schema)  # ConfigError: one line, exit 2
 
 
 @app.command()
@@ -57,8 +141,7 @@ def train(
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
-    from zerosim.config import ConfigError, TrainConfig
-    from zerosim.models import ModelError
+    from zerosim.config import TrainConfig
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
@@ -68,10 +151,7 @@ def train(
 
         from zerosim.plan import plan
 
-        try:
-            rows = plan(cfg, processes)
-        except (ConfigError, ModelError, ValueError) as exc:
-            _fail(str(exc))
+        rows = plan(cfg, processes)  # reads the data files, loads no weights
         table = Table(title=f"zerosim train {config or ''} (dry run: nothing loaded)", show_header=False)
         for item, value in rows:
             table.add_row(item, value)
@@ -82,10 +162,7 @@ def train(
     from zerosim.train import train as run_training
 
     started = time.perf_counter()
-    try:
-        result = run_training(cfg)
-    except (ModelError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    result = run_training(cfg)
     minutes = (time.perf_counter() - started) / 60
     console.print(
         f"[bold green]done[/] {result.steps} steps in {minutes:.1f} min · MLflow run {result.run_id} "
@@ -109,7 +186,6 @@ def evaluate(
 ) -> None:
     """Evaluate a policy on QA datasets; writes table.json/table.md and an MLflow eval run."""
     from zerosim.config import EvalConfig
-    from zerosim.models import ModelError
 
     flags = {"policy": policy, "method": method, "search.engine": search, "limit": limit}
     if dataset is not None:
@@ -118,10 +194,7 @@ def evaluate(
     cfg = _load(config, flags, overrides, EvalConfig)
     from eval.run import run_eval
 
-    try:
-        result = run_eval(cfg)
-    except (ModelError, FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    result = run_eval(cfg)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 
@@ -135,21 +208,17 @@ def policy_warmstart(
 ) -> None:
     """SFT the policy on synthetic search trajectories (cold start), as `train` does with warmstart.enabled."""
     from zerosim.config import TrainConfig
-    from zerosim.models import ModelError
 
     cfg = _load(config, {}, overrides, TrainConfig)
     from zerosim.warmstart import run_warmstart
 
-    try:
-        path = run_warmstart(
-            cfg.warmstart,
-            policy=cfg.policy.model,
-            seed=cfg.run.seed,
-            tracking=cfg.tracking,
-            output_dir=Path(cfg.run.output_dir) / cfg.run.name / "warmstart",
-        )
-    except (ModelError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    path = run_warmstart(
+        cfg.warmstart,
+        policy=cfg.policy.model,
+        seed=cfg.run.seed,
+        tracking=cfg.tracking,
+        output_dir=Path(cfg.run.output_dir) / cfg.run.name / "warmstart",
+    )
     typer.echo(str(path))
 
 
@@ -163,10 +232,7 @@ def serve_retriever(
     from eval.index import load_index
     from zerosim.server import serve
 
-    try:
-        engine = load_index(index)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    engine = load_index(index)
     serve(engine, host=host, port=port)
 
 
@@ -186,10 +252,7 @@ def index_build(
 
     if kind not in ("bm25", "dense"):
         _fail(f"--kind must be bm25 or dense, got {kind!r}")
-    try:
-        path = build_index(Path(resolve_corpus(corpus)), kind, out, encoder=encoder, faiss_type=faiss_type)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    path = build_index(Path(resolve_corpus(corpus)), kind, out, encoder=encoder, faiss_type=faiss_type)
     typer.echo(str(path))
 
 
@@ -209,12 +272,9 @@ def simulator_serve(
     """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
     from simulators.openai_server import start_simulator_server
 
-    try:
-        code = start_simulator_server(
-            model, lora or [], host, port, served_model_name=served_model_name, dtype=dtype
-        )
-    except (ValueError, FileNotFoundError) as exc:  # ModelError is a ValueError
-        _fail(str(exc))
+    code = start_simulator_server(
+        model, lora or [], host, port, served_model_name=served_model_name, dtype=dtype
+    )
     raise typer.Exit(code=code)
 
 
@@ -246,12 +306,8 @@ def simulator_collect(
     }
     cfg = _load(config, flags, overrides, SimulatorCollectConfig)
     from simulators.collect import run_collect
-    from zerosim.search import SearchError
 
-    try:
-        result = run_collect(cfg)
-    except (ValueError, FileNotFoundError, SearchError) as exc:
-        _fail(str(exc))
+    result = run_collect(cfg)
     typer.echo(json.dumps(result.report, indent=2))
     console.print(f"[bold green]done[/] {len(result.rows)} rows -> {result.path}")
 
@@ -280,12 +336,8 @@ def simulator_train(
     }
     cfg = _load(config, flags, overrides, SimulatorTrainConfig)
     from simulators.sft import run_sft
-    from zerosim.models import ModelError
 
-    try:
-        path = run_sft(cfg)
-    except (ModelError, ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    path = run_sft(cfg)
     typer.echo(str(path))
 
 
@@ -311,13 +363,8 @@ def simulator_eval(
     }
     cfg = _load(config, flags, overrides, SimulatorEvalConfig)
     from simulators.quality import run_quality
-    from zerosim.models import ModelError
-    from zerosim.search import SearchError
 
-    try:
-        result = run_quality(cfg)
-    except (ModelError, ValueError, FileNotFoundError, SearchError) as exc:
-        _fail(str(exc))
+    result = run_quality(cfg)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 
@@ -325,12 +372,9 @@ def simulator_eval(
 @models_app.command("prepare")
 def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")) -> None:
     """Convert the embedded SmolLM2 GGUF into a cached bf16 Hugging Face checkpoint."""
-    from zerosim.models import ModelError, prepare_embedded_model
+    from zerosim.models import prepare_embedded_model
 
-    try:
-        path = prepare_embedded_model(force=force)
-    except ModelError as exc:
-        _fail(str(exc))
+    path = prepare_embedded_model(force=force)
     typer.echo(str(path))
 
 

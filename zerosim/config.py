@@ -1,16 +1,22 @@
 """Structured configuration: one dataclass tree, YAML recipes on top, ``a.b=c`` overrides last.
 
 Every field has a one-line doc and a default that runs on a CPU-only machine with the embedded assets.
-Unknown keys, wrong types and out-of-range choices fail in :func:`load_config`, before any model loads.
+Unknown keys, wrong types, out-of-range choices, numbers outside their range (:data:`RANGES`), nan / inf,
+malformed and duplicate-key YAML fail in :func:`load_config` with a :class:`ConfigError`, before any model
+loads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -51,7 +57,7 @@ class SimulatorConfig:
     max_new_tokens: int = 192  # generation budget for all k documents of one request
     temperature: float = 0.7  # simulator sampling temperature (0 = greedy)
     top_p: float = 0.95  # simulator nucleus sampling
-    pass_answers: bool = True  # show the question and gold answers to the simulator (training-time mode)
+    pass_answers: bool | None = None  # show the question and gold answers to the simulator: null = in training only (never at eval or validation), false = never, true = also at eval/validation (an override, warned about and tagged in MLflow)
     on_short: str = (
         "reask"  # fewer documents than slots: reask (once, then fill) / fill (explicit failure documents)
     )
@@ -185,6 +191,8 @@ class TrainerConfig:
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     beta: float = 0.0  # KL coefficient to the reference policy (0 = no reference model)
     epsilon: float = 0.2  # PPO-style clip range
+    epsilon_high: float | None = None  # upper clip range (DAPO's clip-higher); None = 0.28 for dapo, epsilon otherwise
+    dynamic_sampling: bool | None = None  # drop groups whose rewards are all equal from the loss (DAPO; dapo, rloo); None = on for dapo
     max_grad_norm: float = 1.0  # gradient clipping
     logging_steps: int = 1  # log every N steps
     save_final: bool = True  # save the final policy checkpoint
@@ -195,7 +203,7 @@ class TrainerConfig:
     )
     critic_learning_rate: float = 1e-5  # ppo: critic AdamW learning rate
     critic_epochs: int = 1  # ppo: critic optimizer steps per generation batch
-    gamma: float = 1.0  # ppo: GAE discount over policy tokens (ZeroSearch / Search-R1: 1)
+    gamma: float = 1.0  # ppo, reinforce_pp: discount over policy tokens (ZeroSearch / Search-R1: 1)
     lam: float = 1.0  # ppo: GAE lambda (ZeroSearch / Search-R1: 1)
     value_clip: float = 0.2  # ppo: clip range of the value loss around the old values
     collapse_patience: int = (
@@ -406,6 +414,196 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# The schemas a command loads (`zerosim train` / `policy warmstart`, `eval`, `simulator collect|train|eval`).
+SCHEMAS: tuple[type, ...] = (
+    TrainConfig,
+    EvalConfig,
+    SimulatorCollectConfig,
+    SimulatorTrainConfig,
+    SimulatorEvalConfig,
+)
+
+# The valid range of every int / float field of every schema, by dataclass (wherever the class is nested, e.g.
+# SimulatorConfig under search.simulator, warmstart.search.simulator and simulator). Checked after merging;
+# None (where a field allows it) always passes, nan and inf never do. A range is ">=N", ">N", "<=N", "<N",
+# "[a,b]", "[a,b)", "(a,b]", "(a,b)" or "finite"; a tuple adds the reason. A dict of numbers (reward.weights)
+# has each value checked. tests/test_faults_config.py fails when a numeric field has no entry here.
+RANGES: dict[type, dict[str, str | tuple[str, str]]] = {
+    RunConfig: {"seed": ">=0"},
+    DataConfig: {"max_examples": (">=1", "null = all")},
+    SimulatorConfig: {
+        "words_per_doc": ">=1",
+        "max_new_tokens": ">=1",
+        "temperature": (">=0", "0 = greedy"),
+        "top_p": "(0,1]",
+        "connect_timeout": (">0", "seconds"),
+        "read_timeout": (">0", "seconds"),
+        "retries": (">=1", "attempts per request, the first one included"),
+        "backoff": (">=0", "seconds"),
+        "max_concurrency": ">=1",
+        "cache_size": ">=1",
+    },
+    HybridConfig: {"rrf_k": ">=0", "depth": ">=1"},
+    HTTPConfig: {
+        "connect_timeout": (">0", "seconds"),
+        "read_timeout": (">0", "seconds"),
+        "retries": (">=1", "attempts per request, the first one included"),
+        "max_connections": ">=1",
+    },
+    SearchConfig: {"k": ">=1", "negatives_depth": ">=1"},
+    CurriculumConfig: {
+        "p_start": ("[0,1]", "a probability"),
+        "p_end": ("[0,1]", "a probability"),
+        "base": ">0",
+        "total_steps": (">=1", "null = trainer.max_steps"),
+        "stages": ">=1",
+        "adaptive_window": ">=1",
+        "adaptive_raise_above": "finite",
+        "adaptive_lower_below": "finite",
+        "adaptive_delta": "(0,1]",
+    },
+    RolloutConfig: {
+        "max_turns": ">=1",
+        "max_new_tokens": ">=1",
+        "max_obs_tokens": ">=1",
+        "max_completion_tokens": ">=1",
+        "temperature": (">=0", "0 = greedy"),
+        "top_p": "(0,1]",
+    },
+    RewardConfig: {
+        "weights": ">=0",
+        "format_weight": "[0,1)",
+        "step_gain_weight": ">=0",
+        "step_redundancy_weight": ">=0",
+    },
+    TrainerConfig: {
+        "max_steps": ">=1",
+        "learning_rate": ">0",
+        "warmup_ratio": ("[0,1)", "a share of max_steps"),
+        "per_device_train_batch_size": (">=1", "trajectories per device per step"),
+        "num_generations": (">=2", "group-relative advantages of a group of one are always 0"),
+        "gradient_accumulation_steps": ">=1",
+        "beta": ">=0",
+        "epsilon": ">0",
+        "epsilon_high": (">0", "null = 0.28 for dapo, epsilon otherwise"),
+        "max_grad_norm": ">0",
+        "logging_steps": ">=1",
+        "save_steps": (">=0", "0 = never"),
+        "save_total_limit": ">=1",
+        "critic_learning_rate": ">0",
+        "critic_epochs": ">=1",
+        "gamma": "[0,1]",
+        "lam": "[0,1]",
+        "value_clip": ">0",
+        "collapse_patience": (">=0", "0 = never"),
+        "vllm_gpu_memory_utilization": ("(0,1]", "a share of the GPU memory"),
+        "vllm_tensor_parallel_size": ">=1",
+        "vllm_max_model_length": (">=1", "null = prompt + max_completion_tokens + 512"),
+    },
+    WarmstartConfig: {
+        "num_examples": ">=1",
+        "max_steps": ">=1",
+        "learning_rate": ">0",
+        "batch_size": ">=1",
+        "max_obs_tokens": ">=1",
+    },
+    ValidationConfig: {"every": (">=0", "0 = off"), "max_examples": ">=1", "batch_size": ">=1"},
+    TrackingConfig: {"num_sample_trajectories": ">=0", "sample_every": ">=1"},
+    EvalConfig: {
+        "limit": (">=1", "null = every row"),
+        "batch_size": ">=1",
+        "max_answer_tokens": ">=1",
+        "seed": ">=0",
+        "num_sample_trajectories": ">=0",
+    },
+    JudgeConfig: {"max_new_tokens": ">=1"},
+    SimulatorCollectConfig: {
+        "max_questions": (">=1", "null = all"),
+        "depth": ">=1",
+        "k": ">=1",
+        "words_per_doc": ">=1",
+        "batch_size": ">=1",
+        "seed": ">=0",
+    },
+    SimulatorTrainConfig: {
+        "dpo_beta": ">0",
+        "dpo_sft_weight": (">=0", "0 = pure DPO"),
+        "max_steps": ">=1",
+        "learning_rate": ">0",
+        "batch_size": ">=1",
+        "gradient_accumulation_steps": ">=1",
+        "max_length": ">=1",
+        "lora_r": ">=1",
+        "lora_alpha": ">=1",
+        "lora_dropout": "[0,1)",
+        "seed": ">=0",
+    },
+    SimulatorEvalConfig: {"limit": (">=1", "null = all"), "k": ">=1", "batch_size": ">=1", "seed": ">=0"},
+}
+
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?)"
+_BOUND = re.compile(rf"(>=|>|<=|<){_NUMBER}")
+_INTERVAL = re.compile(rf"([\[(]){_NUMBER},{_NUMBER}([\])])")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed, open or half-open interval of valid values; :func:`parse_range` reads the RANGES notation."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "a finite number"
+        if math.isinf(self.hi):
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        if math.isinf(self.lo):
+            return f"{'<' if self.hi_open else '<='} {hi}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+
+    def example(self, integer: bool) -> float:
+        """A value inside the range, for error messages."""
+        if math.isinf(self.lo):
+            value = 0.0 if math.isinf(self.hi) else self.hi - (1 if self.hi_open else 0)
+        elif not self.lo_open:
+            value = self.lo
+        elif math.isinf(self.hi):
+            value = self.lo + 1
+        else:
+            value = (self.lo + self.hi) / 2 if self.hi_open else self.hi
+        return int(value) if integer else value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else repr(x)
+
+
+def parse_range(spec: str) -> Range:
+    """``">=1"``, ``">0"``, ``"[0,1)"``, ``"finite"`` ... as a :class:`Range`; ValueError for anything else."""
+    spec = spec.replace(" ", "")
+    if spec == "finite":
+        return Range()
+    if m := _BOUND.fullmatch(spec):
+        op, x = m.group(1), float(m.group(2))
+        return Range(lo=x, lo_open=op == ">") if op.startswith(">") else Range(hi=x, hi_open=op == "<")
+    if m := _INTERVAL.fullmatch(spec):
+        lo, hi = float(m.group(2)), float(m.group(3))
+        if lo < hi:
+            return Range(lo=lo, hi=hi, lo_open=m.group(1) == "(", hi_open=m.group(4) == ")")
+    raise ValueError(f"range {spec!r} is not one of >=N, >N, <=N, <N, [a,b], [a,b), (a,b], (a,b), finite")
+
+
 def _valid_keys(node: Any, dotted: str) -> list[str]:
     """The keys valid at the parent of ``dotted`` in the schema."""
     parent = dotted.rpartition(".")[0]
@@ -418,11 +616,46 @@ def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     if isinstance(exc, ConfigKeyError | ConfigAttributeError):
         valid = ", ".join(_valid_keys(schema, key)) or "(none)"
         return ConfigError(f"{source}: unknown config key '{key}'. Valid keys here: {valid}")
+    first = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]  # omegaconf appends full_key etc.
     if isinstance(exc, ValidationError):
         expected = OmegaConf.select(schema, key, default=None) if key != "?" else None
         hint = f" (expected a value like {expected!r})" if expected is not None else ""
-        return ConfigError(f"{source}: wrong type for config key '{key}': {exc.msg}{hint}")
-    return ConfigError(f"{source}: {exc}")
+        return ConfigError(f"{source}: wrong type for config key '{key}': {first}{hint}")
+    return ConfigError(f"{source}: config key '{key}': {first}" if key != "?" else f"{source}: {first}")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    """One line naming the file, the line and the YAML problem (duplicate keys included)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if problem.startswith("found duplicate key"):
+        dup = problem.removeprefix("found duplicate key").strip()
+        context = getattr(exc, "context_mark", None)
+        within = f" (in the mapping that starts at line {context.line + 1})" if context is not None else ""
+        return ConfigError(f"{where}: duplicate key '{dup}'{within}; keep only one '{dup}:' there")
+    context = getattr(exc, "context", None)
+    detail = f"{problem} {context}" if context else problem
+    return ConfigError(
+        f"{where}: malformed YAML: {detail}; fix the syntax there (indentation, quotes, brackets)"
+    )
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as exc:  # omegaconf's loader raises on duplicate keys too
+        raise _yaml_error(path, exc) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save the file as UTF-8"
+        ) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {str(exc).strip().splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: a config file must be a YAML mapping at the top level")
+    return loaded
 
 
 def load_config(
@@ -430,7 +663,9 @@ def load_config(
 ) -> Any:
     """Load ``schema`` defaults, merge a YAML recipe and ``key=value`` overrides, validate, return the object.
 
-    Raises :class:`ConfigError` naming the bad key and the valid alternatives.
+    Raises :class:`ConfigError` naming the bad key (and the file or override that set it), the bad value and
+    what would be valid: unknown keys, wrong types, invalid choices (:data:`CHOICES`), numbers out of range or
+    not finite (:data:`RANGES`), inconsistent fields, malformed or duplicate-key YAML.
     """
     base = OmegaConf.structured(schema)
     layers: list[tuple[str, DictConfig]] = []
@@ -440,82 +675,122 @@ def load_config(
             raise ConfigError(
                 f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)"
             )
-        loaded = OmegaConf.load(path)
-        if not isinstance(loaded, DictConfig):
-            raise ConfigError(f"{path}: a config file must be a YAML mapping at the top level")
-        layers.append((str(path), loaded))
+        layers.append((str(path), _load_yaml(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. trainer.max_steps=10)")
-        layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+        try:
+            layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            detail = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            raise ConfigError(
+                f"override '{item}': cannot parse the value ({detail}); quote strings and close brackets, "
+                "e.g. 'datasets=[a.jsonl,b.jsonl]'"
+            ) from None
     merged = base
     for source, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:
             raise _explain(exc, base, source) from None
-    for key, valid in CHOICES.items():
-        value = OmegaConf.select(merged, key, default=None)
-        if value is not None and value not in valid:
-            raise ConfigError(f"config key '{key}' is {value!r}; valid values: {', '.join(valid)}")
-    cfg = OmegaConf.to_object(merged)
-    _check_ranges(cfg)
+    try:
+        for key, valid in CHOICES.items():
+            value = OmegaConf.select(merged, key, default=None)
+            if value is not None and value not in valid:
+                origin = _origin(key, layers)
+                raise ConfigError(
+                    f"config key '{key}' is {value!r}; valid values: {', '.join(valid)}{origin}"
+                )
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
+        raise _explain(exc, base, "config") from None
+    _check_numbers(cfg, "", base, layers)
+    _check_fields(cfg)
     return cfg
 
 
-def _check_ranges(cfg: Any) -> None:
-    if isinstance(cfg, SimulatorCollectConfig):
-        if cfg.k < 1 or cfg.depth < cfg.k:
-            raise ConfigError(f"need 1 <= k <= depth, got k={cfg.k}, depth={cfg.depth}")
-        if cfg.words_per_doc < 1:
-            raise ConfigError(f"words_per_doc must be >= 1, got {cfg.words_per_doc}")
+def _origin(key: str, layers: Sequence[tuple[str, DictConfig]]) -> str:
+    """`` (set by override 'k=v')`` / `` (set in r.yaml)``: the last layer giving ``key``; '' for defaults."""
+    missing = object()
+    for source, layer in reversed(layers):
+        try:
+            found = OmegaConf.select(layer, key, default=missing, throw_on_resolution_failure=False)
+        except OmegaConfBaseException:
+            continue
+        if found is not missing:
+            return f" (set by {source})" if source.startswith("override") else f" (set in {source})"
+    return ""
+
+
+def _check_number(key: str, value: int | float, spec: str | tuple[str, str] | None, base: DictConfig, layers):
+    spec, why = (spec, "") if not isinstance(spec, tuple) else spec
+    valid = parse_range(spec) if spec is not None else Range()
+    if value in valid:
         return
-    if isinstance(cfg, SimulatorTrainConfig):
-        for name in ("max_steps", "batch_size", "max_length", "lora_r"):
-            if getattr(cfg, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-        if cfg.dpo_beta <= 0 or cfg.dpo_sft_weight < 0:
-            raise ConfigError(
-                f"need dpo_beta > 0 and dpo_sft_weight >= 0, got {cfg.dpo_beta} and {cfg.dpo_sft_weight}"
-            )
-        return
-    if isinstance(cfg, SimulatorEvalConfig):
-        if cfg.k < 1 or cfg.batch_size < 1:
-            raise ConfigError(f"k and batch_size must be >= 1, got k={cfg.k}, batch_size={cfg.batch_size}")
-        return
+    finite = "" if math.isfinite(value) or spec in (None, "finite") else "a finite number "
+    default = OmegaConf.select(base, key, default=None)
+    integer = isinstance(value, int)
+    example = default if isinstance(default, int | float) and default in valid else valid.example(integer)
+    reason = f" ({why})" if why else ""
+    raise ConfigError(
+        f"{key} must be {finite}{valid}{reason}, got {value!r}: "
+        f"set e.g. {key}={_num(example)}{_origin(key, layers)}"
+    )
+
+
+def _check_numbers(node: Any, prefix: str, base: DictConfig, layers) -> None:
+    """Every int / float field (and each number of a dict field) finite and within its :data:`RANGES` entry."""
+    limits = RANGES.get(type(node), {})
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_numbers(value, f"{key}.", base, layers)
+            continue
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, number in items:
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                continue
+            _check_number(key if sub is None else f"{key}.{sub}", number, limits.get(f.name), base, layers)
+
+
+def _check_fields(cfg: Any) -> None:
+    """Checks that involve more than one field (each field's own range is in :data:`RANGES`)."""
+    if isinstance(cfg, SimulatorCollectConfig) and cfg.depth < cfg.k:
+        raise ConfigError(
+            f"need 1 <= k <= depth, got k={cfg.k}, depth={cfg.depth}: documents are taken from the retrieved "
+            f"depth; set e.g. depth={max(10, cfg.k)}"
+        )
     if not isinstance(cfg, TrainConfig):
         return
     t = cfg.trainer
-    if t.num_generations < 2:
-        raise ConfigError(
-            "trainer.num_generations must be >= 2: group-relative advantages of a group of one are always 0"
-        )
     if t.per_device_train_batch_size % t.num_generations:
+        fit = -(-t.per_device_train_batch_size // t.num_generations) * t.num_generations
         raise ConfigError(
             f"trainer.per_device_train_batch_size ({t.per_device_train_batch_size}) must be a multiple of "
-            f"trainer.num_generations ({t.num_generations})"
+            f"trainer.num_generations ({t.num_generations}): each prompt's group is rolled out together; "
+            f"set e.g. trainer.per_device_train_batch_size={fit}"
         )
-    if not 0.0 <= t.warmup_ratio < 1.0:
-        raise ConfigError(f"trainer.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
+    if t.dynamic_sampling and t.algorithm not in ("dapo", "rloo"):
+        raise ConfigError(
+            f"trainer.dynamic_sampling=true needs a group baseline and a token-level loss (dapo, rloo), not "
+            f"trainer.algorithm={t.algorithm}: set trainer.dynamic_sampling=false or trainer.algorithm=dapo"
+        )
     c = cfg.curriculum
-    for name in ("p_start", "p_end"):
-        if not 0.0 <= getattr(c, name) <= 1.0:
-            raise ConfigError(f"curriculum.{name} must be in [0, 1], got {getattr(c, name)}")
-    if c.base <= 0:
-        raise ConfigError(f"curriculum.base must be > 0, got {c.base}")
+    if c.schedule == "adaptive" and c.adaptive_lower_below >= c.adaptive_raise_above:
+        raise ConfigError(
+            f"curriculum.adaptive_lower_below ({c.adaptive_lower_below}) must be below "
+            f"curriculum.adaptive_raise_above ({c.adaptive_raise_above}); e.g. 0.1 and 0.5"
+        )
     if cfg.reward.weights is not None:
         unknown = sorted(set(cfg.reward.weights) - {"em", "f1", "cover_em"})
         if unknown or not cfg.reward.weights:
-            raise ConfigError(f"reward.weights takes em, f1, cover_em; got {sorted(cfg.reward.weights)}")
-    if cfg.search.k < 1:
-        raise ConfigError(f"search.k must be >= 1, got {cfg.search.k}")
-    if cfg.rollout.max_turns < 1:
-        raise ConfigError(f"rollout.max_turns must be >= 1, got {cfg.rollout.max_turns}")
-    v = cfg.validation
-    for name in ("every", "max_examples", "batch_size"):
-        if getattr(v, name) < (0 if name == "every" else 1):
             raise ConfigError(
-                f"validation.{name} must be >= {0 if name == 'every' else 1}, got {getattr(v, name)}"
+                f"reward.weights takes em, f1, cover_em; got {sorted(cfg.reward.weights)}: "
+                "e.g. reward.weights='{em: 0.5, f1: 0.5}'"
+            )
+        if not any(cfg.reward.weights.values()):
+            raise ConfigError(
+                "reward.weights are all 0: every trajectory would score 0; give one metric a positive weight"
             )
 
 

@@ -2,8 +2,44 @@
 
 from __future__ import annotations
 
-from zerosim.config import EMBEDDED_DATA, SearchConfig
+from zerosim.config import EMBEDDED_DATA, ConfigError, CurriculumConfig, SearchConfig
 from zerosim.search import SearchEngine
+
+
+def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
+    """Whether ``curriculum`` can ask for noisy documents at some step (p > 0)."""
+    if curriculum.schedule == "constant":  # p_end throughout
+        return curriculum.p_end > 0
+    return max(curriculum.p_start, curriculum.p_end) > 0
+
+
+def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
+    """Why ``engine`` (built from ``cfg``) would drop the curriculum's noise, or ``None`` when it honours it."""
+    if cfg.engine == "simulator":
+        return None  # it writes noisy documents itself
+    if cfg.engine == "http":
+        return engine.noise_problem()
+    if getattr(engine, "honours_noise", False):
+        return None
+    return f"search.negatives={cfg.negatives} leaves the {cfg.engine} retriever's noisy slots unfilled"
+
+
+def check_noise(engine: SearchEngine, cfg: SearchConfig) -> None:
+    """Refuse (``ConfigError``) an engine that cannot honour the noise a curriculum will ask for."""
+    problem = noise_problem(engine, cfg)
+    if problem is None:
+        return
+    if cfg.engine == "http":
+        fix = (
+            "serve the index with this version's `zerosim serve retriever` (it fills noisy slots with corpus "
+            "negatives; set search.negatives=hard|random)"
+        )
+    else:
+        fix = "set search.negatives=hard or random"
+    raise ConfigError(
+        f"the curriculum asks for noisy documents but search.engine={cfg.engine} cannot give them: {problem}. "
+        f"Fix: {fix}, or train without noise (curriculum.p_start=0 curriculum.p_end=0)"
+    )
 
 
 def resolve_corpus(source: str):
@@ -26,9 +62,11 @@ def resolve_corpus(source: str):
 def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> SearchEngine:
     """A BM25 or dense retriever from an index directory.
 
-    With ``index_dir`` set, that index is loaded (its manifest checked against the encoder). Without it,
-    the index is built once into ``$ZEROSIM_HOME/indexes`` (keyed by corpus path and options) and reused;
-    its manifest is checked against the corpus, so an edited corpus triggers a clear mismatch error.
+    With ``index_dir`` set, that index is loaded (verified, its kind and manifest checked against the
+    encoder) and ``corpus``, unless left at the embedded default, must hold the passages it indexes.
+    Without it, the index is built once into ``$ZEROSIM_HOME/indexes`` (keyed by corpus path and options)
+    and reused; its manifest is checked against the corpus, so an edited corpus triggers a clear mismatch
+    error.
     """
     import hashlib
     import json
@@ -39,7 +77,10 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
 
     encoder = options.get("encoder")
     if index_dir is not None:
-        return load_index(Path(index_dir), encoder=encoder)
+        # a corpus the user named must be the indexed one; the embedded default names none: the index's own
+        # passages are used (load_index logs where they came from)
+        given = None if corpus == EMBEDDED_DATA else resolve_corpus(corpus)
+        return load_index(Path(index_dir), corpus=given, encoder=encoder, kind=kind)
     corpus_path = Path(resolve_corpus(corpus)).resolve()
     key = json.dumps({"corpus": str(corpus_path), "kind": kind, **options}, sort_keys=True)
     target = zerosim_home() / "indexes" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -70,8 +111,27 @@ def with_negatives(retriever: SearchEngine, docs, cfg: SearchConfig, seed: int) 
     return CorpusNegatives(retriever, docs, mode=cfg.negatives, depth=cfg.negatives_depth, seed=seed)
 
 
-def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto") -> SearchEngine:
-    """The configured :class:`SearchEngine`, ready to answer."""
+def build_search_engine(
+    cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto", noise: bool = False
+) -> SearchEngine:
+    """The configured :class:`SearchEngine`, ready to answer.
+
+    ``noise=True`` (the run's curriculum can ask for noisy documents, :func:`curriculum_adds_noise`) refuses
+    an engine that would silently answer them with plain documents: ``ConfigError`` naming the fix.
+    """
+    engine = _build(cfg, seed=seed, dtype=dtype)
+    if noise:
+        try:
+            check_noise(engine, cfg)
+        except BaseException:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+            raise
+    return engine
+
+
+def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
     if cfg.engine == "simulator":
         from simulators import CachedSearchEngine, LLMSimulator
 
@@ -126,5 +186,8 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto"
             read_timeout=h.read_timeout,
             retries=h.retries,
             max_connections=h.max_connections,
+            negatives=cfg.negatives,
+            negatives_depth=cfg.negatives_depth,
+            seed=seed,
         )
     raise ValueError(f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http")

@@ -1,12 +1,45 @@
-"""Filesystem helpers: nothing half-written is ever left where a reader would find it."""
+"""Filesystem helpers: nothing half-written is ever left where a reader would find it.
+
+What they create gets the user's normal permissions (folders ``0o777 & ~umask``, files ``0o666 & ~umask``,
+as ``mkdir`` and ``open`` give), not the private ``0o700`` / ``0o600`` of ``tempfile.mkdtemp`` / ``mkstemp``:
+an index or checkpoint folder is meant to be read by whoever may read its parent.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+_ATTEMPTS = 100
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in ``parent``, created with mode ``0o777`` less the umask (unlike
+    ``tempfile.mkdtemp``, which makes it private)."""
+    for _ in range(_ATTEMPTS):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir(mode=0o777)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no unused temporary name {prefix}* in {parent} after {_ATTEMPTS} tries")
+
+
+def _make_temp_file(parent: Path, prefix: str) -> tuple[int, Path]:
+    """``(fd, path)`` of a new file in ``parent`` opened for writing, mode ``0o666`` less the umask."""
+    for _ in range(_ATTEMPTS):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        return fd, path
+    raise FileExistsError(f"no unused temporary name {prefix}* in {parent} after {_ATTEMPTS} tries")
 
 
 @contextlib.contextmanager
@@ -14,16 +47,16 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``target``; on success it replaces ``target``.
 
     On any exception (KeyboardInterrupt included) the temporary directory is removed and ``target`` is
-    left as it was.
+    left as it was. The directory has the user's normal permissions (``0o777 & ~umask``).
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    tmp = make_temp_dir(target.parent, f".tmp-{target.name}-")
     try:
         yield tmp
         old = None
         if target.exists():  # move the old one aside first: the target is missing only between two renames
-            old = Path(tempfile.mkdtemp(prefix=f".old-{target.name}-", dir=target.parent))
+            old = make_temp_dir(target.parent, f".old-{target.name}-")
             target.rename(old / target.name)
         tmp.rename(target)
         if old is not None:
@@ -34,15 +67,16 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path`` (mode
+    ``0o666 & ~umask``, as ``open`` would create it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    fd, tmp = _make_temp_file(path.parent, f".tmp-{path.name}-")
     try:
         with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        Path(tmp).replace(path)
+        tmp.replace(path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path

@@ -16,10 +16,28 @@ slices, and ``idle`` takes part in a turn without trajectories.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+# tokenizer -> {stop strings: StopStringCriteria}. transformers builds the criterion (a pass over the whole
+# vocabulary, ~1 s for SmolLM2's 49k tokens) on every ``generate`` call that names ``stop_strings``, and its
+# own cache misses because ``get_vocab()`` does not keep one order; the criterion is stateless, so one per
+# (tokenizer, stop strings) serves every call.
+_STOP_CRITERIA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stop_criterion(tokenizer, stop_strings: Sequence[str]):
+    """The ``StopStringCriteria`` of ``stop_strings`` for ``tokenizer``, built once and reused."""
+    from transformers import StopStringCriteria
+
+    per_tokenizer = _STOP_CRITERIA.setdefault(tokenizer, {})
+    key = tuple(stop_strings)
+    if key not in per_tokenizer:
+        per_tokenizer[key] = StopStringCriteria(tokenizer, list(key))
+    return per_tokenizer[key]
 
 
 @dataclass
@@ -82,6 +100,8 @@ class HFGenerator:
             if ids:
                 input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
                 attention[row, width - len(ids) :] = 1
+        from transformers import StoppingCriteriaList
+
         sample = self.temperature > 0
         was_training = self.model.training
         self.model.eval()
@@ -94,8 +114,11 @@ class HFGenerator:
                 temperature=self.temperature if sample else None,
                 top_p=self.top_p if sample else None,
                 top_k=None,
-                stop_strings=list(self.stop_strings) or None,
-                tokenizer=self.tokenizer if self.stop_strings else None,
+                stopping_criteria=(
+                    StoppingCriteriaList([stop_criterion(self.tokenizer, self.stop_strings)])
+                    if self.stop_strings
+                    else None
+                ),
                 eos_token_id=sorted(self.eos_token_ids),
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,

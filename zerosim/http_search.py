@@ -3,7 +3,14 @@
 Works against :mod:`zerosim.server` (any engine, the simulator included) and against a plain Search-R1
 retrieval server. One POST per ``search`` call carries every query. Failures are retried a bounded number of
 times with exponential backoff and then raised as :class:`SearchError`; an answer is never replaced by an
-empty list.
+empty list. Each attempt ends by its deadline (``connect_timeout + read_timeout``), so one search takes at
+most ``retries * (connect_timeout + read_timeout)`` plus the backoff sleeps.
+
+Curriculum noise: a request's noise pattern travels in the ``noise`` extension, with ``negatives`` (mode,
+depth, seed) saying how a retriever behind the server fills the noisy slots with corpus negatives. A server
+that honours noise says so in ``/health`` (``"noise"``) and marks every document of a noisy request with
+``noisy``; an answer without those marks (a plain Search-R1 server, an older zerosim server) is an error,
+never a silently noise-free search.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from zerosim.httpretry import Retryable, RetryingClient, check_settings
-from zerosim.search import Document, SearchRequest
+from zerosim.search import Document, SearchError, SearchRequest
 
 logger = logging.getLogger(__name__)
+
+# search.negatives: how a retriever behind the server fills noisy slots
+NEGATIVES = ("hard", "random", "none")
 
 
 class HTTPSearchEngine:
@@ -42,6 +52,11 @@ class HTTPSearchEngine:
             extension fields, for a simulator behind it; a Search-R1 server ignores them).
         max_connections: connections this process keeps open to the server. Every training rank holds its
             own engine, so a shared server sees at most ``ranks x max_connections``.
+        negatives: how a retriever behind the server fills noisy slots (``search.negatives``): ``hard``
+            (ranks ``k+1 .. negatives_depth``), ``random`` (corpus draws) or ``none`` (not at all: only an
+            engine that writes noisy documents itself, a simulator, honours noise then).
+        negatives_depth: ``negatives=hard``: how deep the server retrieves for the noisy slots.
+        seed: seeds the server's random negatives (the same request gets the same negatives).
     """
 
     def __init__(
@@ -56,11 +71,18 @@ class HTTPSearchEngine:
         check_health: bool = True,
         send_training_fields: bool = True,
         max_connections: int = 2,
+        negatives: str = "hard",
+        negatives_depth: int = 30,
+        seed: int = 0,
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"search server url {url!r} must look like http://HOST:PORT[/retrieve]")
         check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
+        if negatives not in NEGATIVES:
+            raise ValueError(f"negatives={negatives!r} is not one of {', '.join(NEGATIVES)}")
+        if negatives_depth < 1:
+            raise ValueError(f"negatives_depth={negatives_depth} must be at least 1")
         base = url.rstrip("/")
         if base.endswith("/retrieve"):
             base = base[: -len("/retrieve")]
@@ -73,6 +95,9 @@ class HTTPSearchEngine:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.send_training_fields = send_training_fields
+        self.negatives = negatives
+        self.negatives_depth = negatives_depth
+        self.seed = seed
         self._http = RetryingClient(
             "search server",
             connect_timeout=connect_timeout,
@@ -93,6 +118,37 @@ class HTTPSearchEngine:
 
     # -- public API ---------------------------------------------------------------------------------
 
+    @property
+    def honours_noise(self) -> bool:
+        """Whether noisy slots asked for come back noisy (what ``/health`` said the server does)."""
+        return self.noise_problem() is None
+
+    def noise_problem(self) -> str | None:
+        """Why this client and server cannot honour curriculum noise, or ``None`` when they can."""
+        if not self.send_training_fields:
+            return "send_training_fields=False: the noise pattern is not sent"
+        info = self.server_info
+        if info is None:
+            return (
+                f"search server {self.base_url} has no /health (a plain Search-R1 server?) or was not asked"
+                " (check_health=False), so nothing says it honours noise"
+            )
+        noise = info.get("noise")
+        if noise == "engine":  # the engine writes noisy documents itself (a simulator)
+            return None
+        if noise == "negatives":
+            modes = info.get("negatives") or []
+            if self.negatives in modes:
+                return None
+            return (
+                f"search server {self.base_url} fills noisy slots with corpus negatives "
+                f"({', '.join(modes) or 'no mode'}), not with negatives={self.negatives}"
+            )
+        return (
+            f"search server {self.base_url} does not say it honours noise (its /health has no 'noise': "
+            "a zerosim server older than this client?)"
+        )
+
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
         """One POST carrying every query; ``k`` documents (at most) per request, in order."""
         if k < 1:
@@ -100,9 +156,9 @@ class HTTPSearchEngine:
         if not requests:
             return []
         payload = self._payload(requests, k)
-        return self._http.with_retries(
-            self.retrieve_url, lambda: self._retrieve_once(payload, len(requests), k)
-        )
+        # queries whose noisy slots the server must honour (and mark): checked in every answer
+        noisy = [self.send_training_fields and any(r.noise_for(k)) for r in requests]
+        return self._http.with_retries(self.retrieve_url, lambda: self._retrieve_once(payload, noisy, k))
 
     def close(self) -> None:
         self._http.close()
@@ -128,13 +184,29 @@ class HTTPSearchEngine:
                 payload["answers"] = [list(r.answers) for r in requests]
             if any(r.noise is not None for r in requests):
                 payload["noise"] = [list(r.noise_for(k)) if r.noise is not None else None for r in requests]
+                payload["negatives"] = {
+                    "mode": self.negatives,
+                    "depth": self.negatives_depth,
+                    "seed": self.seed,
+                }
         return payload
 
-    def _retrieve_once(self, payload: dict[str, Any], n_queries: int, k: int) -> list[list[Document]]:
+    def _retrieve_once(self, payload: dict[str, Any], noisy: list[bool], k: int) -> list[list[Document]]:
         response = self._http.send("POST", self.retrieve_url, json=payload)
         self._http.raise_for_status(response, self.retrieve_url)
         data = self._http.json(response)
-        return _parse_result(data, n_queries, k)
+        results = _parse_result(data, len(noisy), k)
+        for qi, (asked, docs) in enumerate(zip(noisy, results, strict=True)):
+            if asked and any(d.noisy is None for d in docs):
+                # not retried: the same server ignores the same request again
+                raise SearchError(
+                    f"search server {self.retrieve_url} ignored the noise asked for query {qi}: its documents "
+                    "carry no 'noisy' mark (a plain Search-R1 server, or a zerosim server older than this "
+                    "client). Serve the index with this version's `zerosim serve retriever` (it fills noisy "
+                    "slots with corpus negatives), or train without noise "
+                    "(curriculum.p_start=0 curriculum.p_end=0)"
+                )
+        return results
 
     def _check_health(self) -> dict[str, Any] | None:
         def attempt() -> dict[str, Any] | None:

@@ -5,15 +5,23 @@ may fix what went wrong (connection errors, timeouts, 5xx answers, invalid JSON,
 answer raises :class:`~zerosim.search.SearchError` at once. :meth:`RetryingClient.with_retries` runs an attempt
 up to ``retries`` times with capped exponential backoff, then raises :class:`~zerosim.search.SearchError`
 naming the server (its ``label``), the URL, the attempts and the last problem.
+
+Each attempt has a wall-clock deadline of ``connect_timeout + read_timeout``. httpx's own timeouts bound
+each socket operation, so a server trickling one byte at a time would never trip them; here every socket
+operation of an attempt (connect, send, each read, TLS handshake) is given at most the time left before
+the deadline, through an httpcore network backend wrapped around the default one. One call therefore takes
+at most ``retries * (connect_timeout + read_timeout)`` plus the backoff sleeps.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import httpcore
 import httpx
 
 from zerosim.search import SearchError
@@ -25,6 +33,125 @@ T = TypeVar("T")
 
 class Retryable(Exception):
     """One attempt failed in a way another attempt may fix (the message says how)."""
+
+
+# -- the per-attempt deadline ---------------------------------------------------------------------------
+
+
+class _Attempt:
+    """The deadline of the attempt running in this thread (monotonic clock), and whether it expired."""
+
+    __slots__ = ("deadline", "expired")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.expired = False
+
+
+_ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
+    "zerosim_http_attempt", default=None
+)
+
+
+def _within_deadline(
+    operation: Callable[[float | None], T], timeout: float | None, expired: type[Exception]
+) -> T:
+    """Run ``operation(timeout)`` with ``timeout`` cut to the time left before this attempt's deadline."""
+    attempt = _ATTEMPT.get()
+    if attempt is None:  # a request outside RetryingClient.send: httpx's timeouts only
+        return operation(timeout)
+    left = attempt.deadline - time.monotonic()
+    if left <= 0:
+        attempt.expired = True
+        raise expired("the attempt's deadline has passed")
+    if timeout is not None and timeout < left:
+        return operation(timeout)
+    try:
+        return operation(left)
+    except httpcore.TimeoutException:
+        attempt.expired = True  # the deadline, not the per-operation timeout, cut it off
+        raise
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A network stream whose every operation ends by the current attempt's deadline."""
+
+    def __init__(self, stream: httpcore.NetworkStream):
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return _within_deadline(lambda t: self._stream.read(max_bytes, t), timeout, httpcore.ReadTimeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        _within_deadline(lambda t: self._stream.write(buffer, t), timeout, httpcore.WriteTimeout)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname: str | None = None, timeout: float | None = None):
+        stream = _within_deadline(
+            lambda t: self._stream.start_tls(ssl_context, server_hostname, t),
+            timeout,
+            httpcore.ConnectTimeout,
+        )
+        return _DeadlineStream(stream)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, its streams wrapped in :class:`_DeadlineStream`."""
+
+    def __init__(self, backend: httpcore.NetworkBackend):
+        self._backend = backend
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = _within_deadline(
+            lambda t: self._backend.connect_tcp(host, port, t, local_address, socket_options),
+            timeout,
+            httpcore.ConnectTimeout,
+        )
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        stream = _within_deadline(
+            lambda t: self._backend.connect_unix_socket(path, t, socket_options),
+            timeout,
+            httpcore.ConnectTimeout,
+        )
+        return _DeadlineStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _deadline_transport(limits: httpx.Limits | None) -> httpx.HTTPTransport:
+    """httpx's default transport with :class:`_DeadlineBackend` under its connection pool.
+
+    httpx has no public hook for the network backend, so this reaches into the transport's pool; if a
+    future httpx/httpcore lays it out differently this fails loudly here rather than losing the deadline.
+    """
+    transport = httpx.HTTPTransport(limits=limits) if limits is not None else httpx.HTTPTransport()
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if not isinstance(pool, httpcore.ConnectionPool) or not isinstance(backend, httpcore.NetworkBackend):
+        raise RuntimeError(
+            f"httpx {httpx.__version__} / httpcore {httpcore.__version__}: cannot install the per-attempt "
+            "deadline (the transport has no httpcore connection pool with a network backend); "
+            "install the httpx and httpcore versions pyproject.toml names"
+        )
+    pool._network_backend = _DeadlineBackend(backend)
+    return transport
 
 
 def check_settings(
@@ -48,8 +175,10 @@ class RetryingClient:
         label: what the server is, as error messages name it (``"search server"``, ``"simulator server"``).
         connect_timeout: seconds to wait for a TCP connection (also the write timeout: sending a request
             body is quick).
-        read_timeout: seconds to wait for the answer once the request is sent; also how long a request may
-            wait for a free connection when ``limits`` are reached (that is waiting for another answer).
+        read_timeout: seconds to wait for the answer once the request is sent. An attempt as a whole —
+            waiting for a free connection when ``limits`` are reached, connecting, sending, reading the
+            whole answer — ends by its deadline, ``connect_timeout + read_timeout`` after it started,
+            however the server paces its bytes.
         retries: attempts in all (1 = no retry).
         backoff: seconds slept before the second attempt; doubled before each later one.
         max_backoff: upper bound on one sleep.
@@ -80,26 +209,42 @@ class RetryingClient:
         self.max_backoff = max_backoff
         self.on_retry = on_retry
         self.log = log or logger
+        self.attempt_timeout = connect_timeout + read_timeout  # the wall-clock deadline of one attempt
         timeout = httpx.Timeout(
-            connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=read_timeout
+            connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=self.attempt_timeout
         )
-        options = {"limits": limits} if limits is not None else {}  # else httpx's default limits
-        self.client = httpx.Client(timeout=timeout, **options)
+        # an explicit transport: HTTP(S)_PROXY variables are not used (the servers are on the job's network)
+        self.client = httpx.Client(timeout=timeout, transport=_deadline_transport(limits))
 
     def send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """One request; a transport failure (connect, timeout, reset, ...) raises :class:`Retryable`."""
+        """One request, whole answer read, by its deadline (``connect_timeout + read_timeout`` from now).
+
+        A transport failure (connect, timeout, deadline, reset, ...) raises :class:`Retryable`.
+        """
+        attempt = _Attempt(time.monotonic() + self.attempt_timeout)
+        token = _ATTEMPT.set(attempt)
         try:
             return self.client.request(method, url, **kwargs)
-        except httpx.ConnectTimeout as exc:
-            raise Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s") from exc
-        except httpx.ReadTimeout as exc:
-            raise Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)") from exc
         except httpx.TimeoutException as exc:
-            raise Retryable(f"timed out ({type(exc).__name__})") from exc
+            if attempt.expired:
+                raise Retryable(
+                    f"no complete answer within {self.attempt_timeout:g}s, the deadline of one attempt "
+                    f"(connect_timeout={self.connect_timeout}s + read_timeout={self.read_timeout}s)"
+                ) from exc
+            raise self._timeout(exc) from exc
         except httpx.ConnectError as exc:
             raise Retryable(f"cannot connect ({reason(exc)})") from exc
         except httpx.TransportError as exc:  # connection reset, protocol error, ...
             raise Retryable(f"{type(exc).__name__}: {reason(exc)}") from exc
+        finally:
+            _ATTEMPT.reset(token)
+
+    def _timeout(self, exc: httpx.TimeoutException) -> Retryable:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s")
+        if isinstance(exc, httpx.ReadTimeout):
+            return Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)")
+        return Retryable(f"timed out ({type(exc).__name__})")
 
     def raise_for_status(self, response: httpx.Response, url: str) -> None:
         """A 4xx answer raises :class:`SearchError` (not retried), a 5xx one :class:`Retryable`."""

@@ -75,8 +75,10 @@ def f1_score(pred: str, golds: str | Iterable[str]) -> float:
 def answer_in_text(text: str, golds: str | Iterable[str]) -> bool:
     """True if some normalised gold answer occurs in the normalised ``text`` as whole words.
 
-    Token-aligned (unlike :func:`cover_exact_match`), so the gold "5" is not found in "1995": this is the
-    containment test for documents (simulator SFT labels and the simulator quality report).
+    Token-aligned (unlike :func:`cover_exact_match`), so the gold "5" is not found in "1995" nor "art" in
+    "party". This is the one containment test for documents: evaluation recall (``recall@k``,
+    ``val/recall``), simulator SFT labels, the simulator's ``on_leak`` check, corpus negatives, the warm
+    start and the simulator quality report all use it.
     """
     padded = f" {normalize_answer(text)} "
     return any(f" {g} " in padded for g in _normalized_golds(golds))

@@ -4,7 +4,8 @@ What a user wants to see before spending GPU hours: which model each part runs (
 the data, the search backend and its servers, the batch arithmetic across processes, the curriculum's
 probabilities over the run, the algorithm, the generation backend, where results go. Anything that would
 fail at start-up and can be checked without weights (a missing local path, an unknown embedded split, a
-malformed URL) fails here with the same error.
+malformed URL, a malformed / non-UTF-8 / empty data file, a missing corpus or prompts file) fails here
+with the same error. Every value was range-checked when the config loaded (``zerosim.config.RANGES``).
 """
 
 from __future__ import annotations
@@ -29,19 +30,46 @@ def _model(name: str) -> str:
     return f"{resolved} (Hugging Face id, fetched or read from the HF cache at start)"
 
 
-def _data(source: str, split: str) -> str:
-    if source == EMBEDDED_DATA:
-        from zerosim.data.embedded import load_questions
+def _data(source: str, split: str, key: str, use: int | None = None) -> str:
+    """Read every row of a local QA file as training will (a malformed, non-UTF-8 or empty file raises
+    :class:`DataError` naming file and line); the embedded factbook is checked by split, a hub id by name."""
+    from zerosim.data.embedded import load_questions
+    from zerosim.data.qa import DataError, local_path
 
-        return f"factbook {split} ({len(load_questions(source, split))} questions, embedded)"
-    path = Path(source).expanduser()
-    if path.exists():
-        return f"{path} ({split})"
-    if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
+    def count(n: int) -> str:
+        return f"{n} questions" + (f", {min(use, n)} drawn (seeded)" if use is not None and use < n else "")
+
+    if source == EMBEDDED_DATA:
+        try:
+            return f"factbook {split} ({count(len(load_questions(source, split)))}, embedded)"
+        except DataError as exc:
+            raise DataError(f"{key}: {exc}") from None
+    path = local_path(source, split)  # None: a Hugging Face dataset id
+    if path is None:
+        return f"{source} ({split}; Hugging Face dataset id, read at start)"
+    if not path.exists():
         raise ConfigError(
-            f"data file {source} does not exist; pass a FlashRAG jsonl, an HF dataset id or factbook"
+            f"{key}: data file {source} does not exist; pass a FlashRAG jsonl, an HF dataset id or factbook"
         )
-    return f"{source} ({split}; Hugging Face dataset id, read at start)"
+    try:
+        rows = load_questions(source, split)
+    except DataError as exc:
+        raise DataError(f"{key}: {exc}") from None  # which setting points at the bad file
+    if not rows:
+        raise DataError(
+            f"{key}: {path} holds no questions; fill it with FlashRAG rows "
+            '({"id", "question", "golden_answers"} per line) or point ' + key + " at another file"
+        )
+    return f"{path} ({count(len(rows))}, every row checked)"
+
+
+def _exists(path: str | None, key: str, what: str) -> None:
+    """A file (or, for an index, a folder) that start-up opens: checked by existence only (corpora are big)."""
+    if path is None or path == EMBEDDED_DATA:
+        return
+    found = Path(path).is_dir() if what == "index folder" else Path(path).is_file()
+    if not found:
+        raise ConfigError(f"{key}: {what} {path} does not exist; fix the path or leave {key} at its default")
 
 
 def _url(url: str, what: str) -> str:
@@ -68,6 +96,12 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
             )
         else:
             rows.append(("simulator", f"{_model(sim.model)}, in process on every rank"))
+        if sim.prompts_file is not None:
+            _exists(sim.prompts_file, "search.simulator.prompts_file", "prompts file")
+            from simulators.prompts import SimulatorPrompts
+
+            SimulatorPrompts.from_file(sim.prompts_file)  # a malformed templates file fails here
+            rows.append(("simulator prompts", sim.prompts_file))
     elif s.engine == "http":
         rows.append(
             (
@@ -76,8 +110,12 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
             )
         )
     elif s.engine in ("bm25", "hybrid"):
-        rows.append(("corpus", s.bm25.corpus))
+        _exists(s.bm25.corpus, "search.bm25.corpus", "corpus file")
+        _exists(s.bm25.index_dir, "search.bm25.index_dir", "index folder")
+        rows.append(("corpus", s.bm25.corpus + (f" (index {s.bm25.index_dir})" if s.bm25.index_dir else "")))
     if s.engine in ("dense", "hybrid"):
+        _exists(s.dense.corpus, "search.dense.corpus", "corpus file")
+        _exists(s.dense.index_dir, "search.dense.index_dir", "index folder")
         rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
     if s.engine != "simulator":
         rows.append(("noise over a real retriever", s.negatives))
@@ -88,14 +126,27 @@ def _validation(cfg: TrainConfig) -> str:
     v = cfg.validation
     if not v.every:
         return "off"
-    data = "the first training questions" if v.data is None else _data(v.data, v.split)
+    data = "the first training questions" if v.data is None else _data(v.data, v.split, "validation.data")
     engine = "the training engine, no noise" if v.engine == "train" else v.engine
     start = "step 0, " if v.on_start else ""
     return f"greedy, {start}every {v.every} steps and the last: <= {v.max_examples} of {data}; {engine}"
 
 
+def _warmstart(cfg: TrainConfig) -> str:
+    w = cfg.warmstart
+    if not w.enabled:
+        return "off"
+    final = Path(cfg.run.output_dir) / cfg.run.name / "warmstart" / "final"
+    if w.reuse and (final / "config.json").is_file():
+        return f"reuses {final}"
+    data = _data(w.data, w.split, "warmstart.data")
+    return f"{w.num_examples} trajectories from {data}, {w.max_steps} steps"
+
+
 def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]]:
-    """The resolved job as (item, value) rows."""
+    """The resolved job as (item, value) rows; raises what start-up would raise, before any weight loads:
+    :class:`ConfigError`, ``ModelError`` (a missing local model) or ``DataError`` (a malformed, non-UTF-8 or
+    empty data file: data.train, validation.data, warmstart.data — every row is read)."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
@@ -119,8 +170,8 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
     rows = [
         ("run", f"{cfg.run.name} -> {Path(cfg.run.output_dir) / cfg.run.name}"),
         ("policy", _model(cfg.policy.model) + f", dtype {cfg.policy.dtype}"),
-        ("warm start", f"{cfg.warmstart.num_examples} trajectories, {cfg.warmstart.max_steps} steps" if cfg.warmstart.enabled else "off"),
-        ("data", _data(cfg.data.train, cfg.data.split)),
+        ("warm start", _warmstart(cfg)),
+        ("data", _data(cfg.data.train, cfg.data.split, "data.train", cfg.data.max_examples)),
         *_search(cfg),
         ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip {t.epsilon:g}"),
         ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if t.algorithm == "ppo" else "none"),

@@ -65,7 +65,7 @@ def make_reward_func(
     With ``format_weight`` > 0 the outcome is shaped by the trajectory's format (:func:`format_shaped`).
     With ``weights`` (``{"em": 0.5, "f1": 0.5}``) the outcome is :func:`composed_reward` instead of ``metric``.
     With ``step_rewards`` the rollout's per-search rewards (``step_reward_total``) are added: sequence-level
-    algorithms see their sum; PPO puts each on its ``</search>`` token instead (``zerosim.trainer``).
+    algorithms see their sum; PPO and REINFORCE++ put each on its ``</search>`` token instead (``zerosim.trainer``).
     """
     if metric not in METRICS:
         raise ValueError(f"unknown reward metric {metric!r}; valid: {', '.join(METRICS)}")

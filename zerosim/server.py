@@ -5,6 +5,12 @@ index (or one simulator) and every Search-R1 client keeps working. Beyond Search
 curriculum's per-query ``questions``, ``answers`` and ``noise`` (old clients leave them out, old servers
 ignore them), and a returned document may carry ``noisy``. The API is described in docs/serving.md.
 
+Noise: an engine that writes noisy documents itself (the simulator) gets the noise pattern as it is. A
+retriever over a corpus (an engine with ``.docs``, e.g. an index behind ``zerosim serve retriever``) cannot,
+so the server fills its noisy slots with corpus negatives (:class:`curricula.negatives.CorpusNegatives`,
+the request's ``negatives`` saying mode, depth and seed) exactly as the in-process retriever does. Either
+way every document of a request with noisy slots carries ``noisy``, and ``/health`` says which (``noise``).
+
 Each request is one ``engine.search`` call (batch-first); calls are serialised, because an in-process model
 is not safe to drive from several threads at once.
 """
@@ -15,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import fastapi
 import httpx
@@ -29,6 +35,16 @@ from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOPK = 3  # Search-R1's default when a request leaves ``topk`` out
+
+
+class NegativesRequest(BaseModel):
+    """How a retriever behind the server fills noisy slots (the client's ``search.negatives`` settings)."""
+
+    mode: Literal["hard", "random", "none"] = Field(
+        default="hard", description="hard: ranks k+1..depth; random: corpus draws; none: leave noise alone."
+    )
+    depth: StrictInt = Field(default=30, ge=1, description="mode=hard: how deep to retrieve for negatives.")
+    seed: StrictInt = Field(default=0, description="Seeds the random draws (same request -> same negatives).")
 
 
 class RetrieveRequest(BaseModel):
@@ -45,6 +61,9 @@ class RetrieveRequest(BaseModel):
     )
     noise: list[list[StrictBool] | None] | None = Field(
         default=None, description="Extension: per query, one bool per result slot (True = noisy document)."
+    )
+    negatives: NegativesRequest | None = Field(
+        default=None, description="Extension: how a retriever fills noisy slots (server default when absent)."
     )
 
 
@@ -134,6 +153,19 @@ def _check_results(results: Any, n_queries: int, topk: int) -> str | None:
     return None
 
 
+def noise_handling(engine: SearchEngine) -> str:
+    """``"engine"`` when ``engine`` writes noisy documents itself, ``"negatives"`` when the server must fill
+    its noisy slots with corpus negatives.
+
+    An engine's ``honours_noise`` attribute decides when it has one; otherwise an engine over a corpus
+    (``.docs``: BM25, dense) gets negatives and any other engine the noise pattern as it is.
+    """
+    flag = getattr(engine, "honours_noise", None)
+    if flag is not None:
+        return "engine" if flag else "negatives"
+    return "negatives" if getattr(engine, "docs", None) is not None else "engine"
+
+
 def create_app(
     engine: SearchEngine,
     *,
@@ -141,17 +173,25 @@ def create_app(
     max_topk: int = 50,
     max_queries: int = 1024,
     default_topk: int = DEFAULT_TOPK,
+    max_negatives_depth: int = 1000,
 ) -> fastapi.FastAPI:
     """A FastAPI app answering ``POST /retrieve`` (Search-R1 compatible) and ``GET /health`` from ``engine``.
 
     ``name`` labels the served index or simulator in ``/health``; ``max_topk`` and ``max_queries`` bound one
-    request (a larger one gets a 422); ``default_topk`` is used when a request leaves ``topk`` out.
+    request (a larger one gets a 422); ``default_topk`` is used when a request leaves ``topk`` out;
+    ``max_negatives_depth`` bounds ``negatives.depth``.
     """
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"default_topk={default_topk} must be between 1 and max_topk={max_topk}")
     if max_queries < 1:
         raise ValueError(f"max_queries={max_queries} must be at least 1")
+    if max_negatives_depth < 1:
+        raise ValueError(f"max_negatives_depth={max_negatives_depth} must be at least 1")
     engine_name = type(engine).__name__
+    noise = noise_handling(engine)
+    corpus = getattr(engine, "docs", None) if noise == "negatives" else None
+    # random negatives need passages to draw from; hard ones only the retriever's deeper ranks
+    negative_modes = (["hard", "random"] if corpus else ["hard"]) if noise == "negatives" else []
     lock = threading.Lock()
     app = fastapi.FastAPI(title=f"zerosim search server ({name})", version="1")
 
@@ -170,7 +210,30 @@ def create_app(
             "max_topk": max_topk,
             "max_queries": max_queries,
             "default_topk": default_topk,
+            "noise": noise,
+            "negatives": negative_modes,
         }
+
+    def answering_engine(body: RetrieveRequest, requests: list[SearchRequest], topk: int) -> SearchEngine:
+        """``engine``, or ``engine`` behind corpus negatives when it cannot write the noisy slots asked for."""
+        if noise != "negatives" or not any(any(r.noise_for(topk)) for r in requests):
+            return engine
+        asked = body.negatives or NegativesRequest()
+        if asked.mode == "none":
+            return engine
+        if asked.mode not in negative_modes:
+            raise _field_error(
+                ("negatives", "mode"),
+                f"{asked.mode} negatives need the corpus passages and {engine_name} has none; use hard",
+            )
+        if asked.depth > max_negatives_depth:
+            raise _field_error(
+                ("negatives", "depth"),
+                f"must be at most {max_negatives_depth} on this server (got {asked.depth})",
+            )
+        from curricula.negatives import CorpusNegatives
+
+        return CorpusNegatives(engine, corpus, mode=asked.mode, depth=asked.depth, seed=asked.seed)
 
     @app.post("/retrieve")
     def retrieve(body: RetrieveRequest) -> JSONResponse:
@@ -183,10 +246,11 @@ def create_app(
                 f"has {len(body.queries)} queries; this server takes at most {max_queries} per request",
             )
         requests = _to_requests(body, topk)
+        answering = answering_engine(body, requests, topk)
         started = time.perf_counter()
         try:
             with lock:
-                results = engine.search(requests, topk)
+                results = answering.search(requests, topk)
         except SearchError as exc:
             logger.warning("%s could not answer %d queries: %s", engine_name, len(requests), exc)
             return JSONResponse(status_code=503, content={"error": f"{engine_name} could not answer: {exc}"})

@@ -13,16 +13,17 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from zerosim.config import TrackingConfig, flatten, to_yaml
+from zerosim.config import ConfigError, TrackingConfig, flatten, to_yaml
 
 
-def configure(tracking: TrackingConfig) -> None:
+def configure(tracking: TrackingConfig, experiment: bool = True) -> None:
     """Point MLflow (and transformers' MLflowCallback, which reads the env) at the configured store."""
     import mlflow
 
     os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri
     mlflow.set_tracking_uri(tracking.tracking_uri)
-    mlflow.set_experiment(tracking.experiment)
+    if experiment:
+        mlflow.set_experiment(tracking.experiment)
 
 
 @contextlib.contextmanager
@@ -34,12 +35,25 @@ def mlflow_run(
 ) -> Iterator[Any]:
     """Start (and always end) an MLflow run; a failure marks the run FAILED instead of leaving it RUNNING.
 
-    With ``run_id`` the existing run is continued (a resumed training job logs into its first run).
+    With ``run_id`` the existing run is continued (a resumed training job logs into its first run, in that
+    run's experiment): :func:`log_metrics` then leaves out every (metric, step) the run already holds.
     """
     import mlflow
 
-    configure(tracking)
+    configure(tracking, experiment=run_id is None)
     if run_id is not None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = mlflow.MlflowClient().get_run(run_id)
+        except MlflowException as exc:
+            raise ConfigError(
+                f"MLflow run {run_id} (the run this job continues) is not in {tracking.tracking_uri}: "
+                "resume with the tracking.tracking_uri the run was started with"
+            ) from exc
+        # the run's own experiment, whatever tracking.experiment says now
+        mlflow.set_experiment(experiment_id=found.info.experiment_id)
+        _LOGGED[run_id] = logged_steps(run_id)
         run = mlflow.start_run(run_id=run_id)
         if tags:
             mlflow.set_tags(dict(tags))
@@ -52,6 +66,71 @@ def mlflow_run(
         raise
     else:
         mlflow.end_run()
+    finally:
+        _LOGGED.pop(run.info.run_id, None)
+
+
+# run id -> metric key -> the last step the run holds (from a killed attempt too, when it was continued)
+_LOGGED: dict[str, dict[str, int]] = {}
+
+
+def logged_steps(run_id: str) -> dict[str, int]:
+    """The last step logged for each metric of ``run_id``."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    keys = client.get_run(run_id).data.metrics
+    return {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in keys}
+
+
+def log_metrics(metrics: Mapping[str, float], step: int) -> None:
+    """``mlflow.log_metrics`` at ``step``, written before it returns, less what the run already holds.
+
+    Each metric gets at most one value per step: a resumed job redoes the steps after its checkpoint, and
+    those the killed attempt had already logged are not logged again (the run keeps the first values);
+    transformers' closing summary does not log ``epoch`` a second time at the last step. Synchronous, so a
+    metric logged before a checkpoint completes is in the store if the job dies after.
+    """
+    import mlflow
+
+    run = mlflow.active_run()
+    held = _LOGGED.setdefault(run.info.run_id, {}) if run is not None else {}
+    fresh = {k: v for k, v in metrics.items() if step > held.get(k, -1)}
+    if fresh:
+        mlflow.log_metrics(fresh, step=step, synchronous=True)
+        held.update(dict.fromkeys(fresh, step))
+
+
+class _LoggedOnce:
+    """The ``mlflow`` module as transformers' ``MLflowCallback`` uses it, with its metrics going through
+    :func:`log_metrics` and its params logged only where the run has none of that name (a resumed run
+    keeps its first values; MLflow refuses to change a param)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import mlflow
+
+        return getattr(mlflow, name)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None, **_: Any) -> None:
+        log_metrics(metrics, step=int(step or 0))
+
+    def log_params(self, params: Mapping[str, Any], **_: Any) -> None:
+        import mlflow
+
+        held = mlflow.MlflowClient().get_run(mlflow.active_run().info.run_id).data.params
+        new = {k: v for k, v in params.items() if k not in held}
+        if new:
+            mlflow.log_params(new, synchronous=True)
+
+
+def trainer_mlflow_callback():
+    """transformers' ``MLflowCallback`` (what ``report_to=["mlflow"]`` adds) logging through
+    :func:`log_metrics`: synchronously, and each (metric, step) of a continued run once."""
+    from transformers.integrations import MLflowCallback
+
+    callback = MLflowCallback()
+    callback._ml_flow = _LoggedOnce()
+    return callback
 
 
 def log_config(cfg: Any, prefix: str = "") -> None:

@@ -16,16 +16,26 @@ import torch
 from transformers import TrainerCallback
 
 from curricula import build_schedule
+from zerosim.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
+    RUN_FILE,
+    STATE_FILE,
+    ZerosimState,
+    bound_config,
+    discard_after,
+    last_complete_checkpoint,
+    resume_point,
+    resumed_changes,
+)
 from zerosim.config import ConfigError, TrainConfig
 from zerosim.data.embedded import load_questions
 from zerosim.distributed import broadcast_object, process_state, shared_atomic_directory
-from zerosim.engines import build_search_engine
+from zerosim.engines import build_search_engine, curriculum_adds_noise
 from zerosim.fsutil import atomic_directory, atomic_write_text
 from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
-from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run
-from zerosim.trainer import LOSS_TYPES, Critic, SearchTrainer
+from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run, trainer_mlflow_callback
+from zerosim.trainer import Critic, SearchTrainer, algorithm_args
 
 
 @dataclass
@@ -82,18 +92,18 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         per_device_train_batch_size=t.per_device_train_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         num_generations=t.num_generations,
-        loss_type=LOSS_TYPES[t.algorithm],
         beta=t.beta,
         epsilon=t.epsilon,
+        **algorithm_args(t.algorithm, t.epsilon_high),  # loss type, reward scaling, upper clip: what the name means
         max_grad_norm=t.max_grad_norm,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         max_completion_length=cfg.rollout.max_completion_tokens,
         logging_steps=t.logging_steps,
         save_strategy="steps" if t.save_steps > 0 else "no",
         save_steps=max(t.save_steps, 1),
-        save_total_limit=t.save_total_limit,
+        save_total_limit=None,  # ZerosimState rotates, once a new checkpoint is complete (t.save_total_limit)
         save_only_model=False,  # optimizer, scheduler and RNG states too: what a resume needs
-        report_to=["mlflow"],
+        report_to=[],  # MLflow: train() adds tracking.trainer_mlflow_callback (each metric once per step)
         use_cpu=not on_gpu,
         bf16=on_gpu,
         gradient_checkpointing=False,
@@ -162,20 +172,6 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
     )
 
 
-STATE_FILE = "zerosim_state.pt"  # our part of a resumable checkpoint (curriculum, critic)
-RUN_FILE = "mlflow_run.json"  # <output_dir>/<name>/mlflow_run.json: the run a resume continues
-
-
-def last_complete_checkpoint(output_dir: Path) -> Path | None:
-    """The newest ``checkpoint-N`` holding the trainer state and ours (both are written last)."""
-    found = []
-    for path in output_dir.glob("checkpoint-*"):
-        step = path.name.rpartition("-")[2]
-        if step.isdigit() and (path / "trainer_state.json").is_file() and (path / STATE_FILE).is_file():
-            found.append((int(step), path))
-    return max(found)[1] if found else None
-
-
 class CollapseGuard(TrainerCallback):
     """Stops a run that has had no learning signal for ``patience`` logged steps in a row.
 
@@ -200,63 +196,6 @@ class CollapseGuard(TrainerCallback):
             control.should_training_stop = True
 
 
-class ZerosimState(TrainerCallback):
-    """A ``TrainerCallback`` saving what transformers does not into each checkpoint: the curriculum state
-    (adaptive schedules) and the PPO critic with its optimizer. Written atomically, after the trainer's
-    own files, so a checkpoint with this file is complete."""
-
-    def __init__(self, schedule, trainer_ref):
-        self.schedule = schedule
-        self.trainer_ref = trainer_ref  # a one-element list: the trainer exists after the callback
-
-    def on_save(self, args, state, control, **kwargs):
-        import os
-        import tempfile
-
-        if not state.is_world_process_zero:  # one writer; every rank holds the same curriculum and critic
-            return
-        trainer = self.trainer_ref[0]
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        payload = {"global_step": state.global_step}
-        if hasattr(self.schedule, "state_dict"):
-            payload["schedule"] = self.schedule.state_dict()
-        if getattr(trainer, "critic", None) is not None:
-            payload["critic"] = trainer.critic.state_dict()
-            payload["critic_optimizer"] = trainer.critic_optimizer.state_dict()
-        fd, tmp = tempfile.mkstemp(
-            prefix="tmp-state-", suffix=".pt", dir=checkpoint
-        )  # torch wants a plain name
-        os.close(fd)
-        torch.save(payload, tmp)
-        os.replace(tmp, checkpoint / STATE_FILE)
-        return control
-
-    def load(self, checkpoint: Path) -> None:
-        payload = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
-        if "schedule" in payload:
-            self.schedule.load_state_dict(payload["schedule"])
-        trainer = self.trainer_ref[0]
-        if "critic" in payload and getattr(trainer, "critic", None) is not None:
-            trainer.critic.load_state_dict(payload["critic"])
-            trainer.critic_optimizer.load_state_dict(payload["critic_optimizer"])
-
-
-def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str | None]:
-    """``(checkpoint, mlflow run id)`` to continue from, or ``(None, None)`` for a fresh run."""
-    import json
-
-    if not cfg.run.resume:
-        return None, None
-    checkpoint = last_complete_checkpoint(output_dir)
-    run_file = output_dir / RUN_FILE
-    if checkpoint is None or not run_file.is_file():
-        raise FileNotFoundError(
-            f"resume=true but {output_dir} holds no complete checkpoint-N (with {STATE_FILE}) and {RUN_FILE}; "
-            "a run saves them when trainer.save_steps > 0. Start it without resume=true."
-        )
-    return checkpoint, json.loads(run_file.read_text())["run_id"]
-
-
 def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
     """(gain, redundancy) weights of the StepSearch-style step rewards, or None when both are 0."""
     r = cfg.reward
@@ -265,9 +204,16 @@ def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
     return r.step_gain_weight, r.step_redundancy_weight
 
 
-def instrumented(schedule, reward_func):
+def instrumented(schedule, reward_func, procs=None):
     """``reward_func`` timed (``time/reward_s``) and, for schedules with ``observe`` (adaptive), reporting
-    each step's mean reward to the schedule."""
+    each step's mean reward to the schedule.
+
+    The mean is the whole batch's: with several processes (``procs``, accelerate's ``PartialState``) each
+    rank's reward sum and count are all-reduced, so every rank's schedule sees the same signal and holds the
+    same ``p`` (the one checkpointed by rank 0). Every rank calls the reward function once per generation
+    batch, so the all-reduce is entered by all of them together.
+    """
+    import math
     import time
 
     observe = getattr(schedule, "observe", None)
@@ -277,8 +223,15 @@ def instrumented(schedule, reward_func):
         rewards = reward_func(*args, **kwargs)
         if log_metric is not None:
             log_metric("time/reward_s", time.perf_counter() - started)
-        if observe is not None and trainer_state is not None and rewards:
-            observe(int(trainer_state.global_step), sum(rewards) / len(rewards))
+        if observe is not None and trainer_state is not None:
+            scored = [float(r) for r in rewards if r is not None and math.isfinite(r)]
+            total, count = sum(scored), float(len(scored))
+            if procs is not None and procs.num_processes > 1:
+                both = torch.tensor([total, count], dtype=torch.float64, device=procs.device)
+                torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.SUM)
+                total, count = both.tolist()
+            if count:
+                observe(int(trainer_state.global_step), total / count)
         return rewards
 
     reward.__name__ = reward_func.__name__
@@ -289,24 +242,34 @@ def build_validation(cfg: TrainConfig, questions, engine, tokenizer, trainer_ref
     """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``."""
     import dataclasses
 
+    from eval.harness import answers_override
     from zerosim.validation import Validation, validation_examples
 
     v = cfg.validation
+    examples = validation_examples(v, questions)
     if v.engine != "train":  # a separate engine, e.g. the real retriever beside a simulator used for training
         engine = build_search_engine(
             dataclasses.replace(cfg.search, engine=v.engine, negatives="none"),
             seed=cfg.run.seed,
             dtype=cfg.policy.dtype,
         )
+    # the gold answers reach the simulator in training only, unless search.simulator.pass_answers=true
+    answers_shown = answers_override(cfg.search, cfg.search.engine if v.engine == "train" else v.engine)
+    if answers_shown:
+        import mlflow
+
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("zerosim.simulator_sees_answers", "validation")
     return Validation(
         v,
-        validation_examples(v, questions),
+        examples,
         rollout=cfg.rollout,
         k=cfg.search.k,
         engine=engine,
         tokenizer=tokenizer,
         trainer_ref=trainer_ref,
         seed=cfg.run.seed,
+        answers_shown=answers_shown,
     )
 
 
@@ -320,6 +283,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     main = procs.is_main_process
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    # which run this job continues, if any: checked (run id, config) before any weight loads
+    checkpoint_in, run_id = resume_point(cfg, output_dir)
 
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)
@@ -334,7 +299,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         policy_model = str(warmstart_checkpoint(cfg, output_dir))
     tokenizer = load_tokenizer(policy_model)
     policy = load_causal_lm(policy_model, cfg.policy.dtype)
-    engine = build_search_engine(cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype)
+    engine = build_search_engine(
+        cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype, noise=curriculum_adds_noise(cfg.curriculum)
+    )
     c = cfg.curriculum
     schedule = build_schedule(
         c.schedule,
@@ -367,7 +334,6 @@ def train(cfg: TrainConfig) -> TrainResult:
         "zerosim.policy_init": policy_model,
         "zerosim.processes": str(procs.num_processes),
     }
-    checkpoint_in, run_id = resume_point(cfg, output_dir)
     # one MLflow run per job: the main process owns it (TRL's callback logs from the main process only)
     tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) if main else nullcontext()
     with tracking as run:
@@ -381,14 +347,29 @@ def train(cfg: TrainConfig) -> TrainResult:
             import mlflow
 
             mlflow.set_tag("zerosim.resumed_from", str(checkpoint_in.resolve()))
+            discard_after(checkpoint_in)  # the killed attempt's later, incomplete saves
+            changed = resumed_changes(cfg, mlflow.get_run(run_id).data.params)
+            if changed:  # the params keep the first values (MLflow never changes one)
+                mlflow.set_tag("zerosim.resumed_with", " ".join(f"{k}={v}" for k, v in changed.items()))
         t = cfg.trainer
         trainer_ref: list = []
-        state_callback = ZerosimState(schedule, trainer_ref)
         guard = CollapseGuard(t.collapse_patience)
-        callbacks = [state_callback, guard]
         validation = None
         if cfg.validation.every:
             validation = build_validation(cfg, questions, engine, tokenizer, trainer_ref)
+        state_callback = ZerosimState(
+            schedule,
+            trainer_ref,
+            run_id=run_id,
+            config=bound_config(cfg),
+            keep=t.save_total_limit,
+            rollout=rollout,
+            validation=validation,
+            guard=guard,
+        )
+        # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
+        callbacks = [state_callback, guard, trainer_mlflow_callback()]
+        if validation is not None:
             callbacks.append(validation)
         critic = None
         if t.algorithm == "ppo":
@@ -402,6 +383,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             value_clip=t.value_clip,
             critic_epochs=t.critic_epochs,
             critic_micro_batch=t.per_device_train_batch_size,
+            dynamic_sampling=t.dynamic_sampling,
             model=policy,
             reward_funcs=[
                 instrumented(
@@ -412,6 +394,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         step_rewards=step_weights(cfg) is not None,
                         weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
                     ),
+                    procs,
                 )
             ],
             args=grpo_args(cfg, output_dir),

@@ -1,9 +1,22 @@
 """The RL trainer: TRL's ``GRPOTrainer`` (rollout, loss, KL, logging) with our advantage estimators and PPO.
 
-TRL computes rewards and GRPO-family advantages; for the other algorithms this subclass keeps TRL's
-rewards (gathered across ranks, exactly what TRL's own advantages see) and replaces the advantages:
+Each ``algorithm`` is defined by :data:`ALGORITHMS`: the TRL settings that make it what its paper says
+(loss aggregation, reward scaling, clip range) — :class:`SearchTrainer` applies them to the ``GRPOConfig`` it
+is given, so the name means the same from ``zerosim train`` and from Python — and, where TRL's advantages
+are not the algorithm's, what replaces them. TRL computes rewards and GRPO-family advantages; this subclass
+keeps TRL's rewards (gathered across ranks, exactly what TRL's own advantages see) and:
 
-- ``rloo``, ``reinforce``, ``reinforce_pp`` — sequence advantages from :mod:`zerosim.algorithms`;
+- ``dr_grpo`` — TRL's advantages without the division by the group's std (``scale_rewards="none"``) and
+  TRL's constant-normaliser loss;
+- ``dapo`` — TRL's token-level loss, clip-higher (``epsilon_high``, 0.28 as in the paper) and dynamic
+  sampling: groups whose rewards are all equal are dropped from the loss (their rows' loss mask is zeroed,
+  so they do not count in the token-level denominator either), and the number dropped is logged
+  (``algorithm/groups_dropped``). The batch is not refilled: the step learns from the groups left;
+- ``rloo``, ``reinforce`` — sequence advantages from :mod:`zerosim.algorithms`;
+- ``reinforce_pp`` — REINFORCE++: the KL to the reference is a per-token *reward*
+  ``-β·(log π_old - log π_ref)`` on every policy token, the outcome reward sits on the last one, the
+  advantage of a token is its return-to-go (``trainer.gamma``), normalised over the policy tokens of the
+  whole batch (all ranks); the KL is not in the loss;
 - ``ppo`` — a separate critic (a small LM with a one-output token-classification head, its own AdamW and
   learning rate) values every completion token; GAE over the policy's tokens only (environment tokens are
   skipped, see :func:`zerosim.algorithms.gae`) gives per-token advantages (whitened) and returns; the critic
@@ -17,24 +30,85 @@ The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` 
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
-from zerosim.algorithms import ADVANTAGES, gae, masked_mean, outcome_token_rewards, value_loss, whiten
+from zerosim.algorithms import (
+    ADVANTAGES,
+    EPS,
+    gae,
+    masked_mean,
+    outcome_token_rewards,
+    returns_to_go,
+    uniform_groups,
+    value_loss,
+    whiten,
+)
 
-# Our algorithm names → the TRL loss type that aggregates the per-token surrogate.
-LOSS_TYPES = {
-    "grpo": "grpo",
-    "dr_grpo": "dr_grpo",
-    "dapo": "dapo",
-    "rloo": "dapo",  # token-level mean over the batch: each token of a long answer counts once
-    "reinforce": "dapo",
-    "reinforce_pp": "dapo",
-    "ppo": "dapo",
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What an algorithm name means in TRL's terms, beyond its advantage estimator."""
+
+    loss_type: str  # TRL's aggregation of the per-token surrogate
+    scale_rewards: str | None = None  # TRL's advantages: "group" (/ group std), "none"; None: ours instead
+    epsilon_high: float | None = None  # default upper clip range (None: trainer.epsilon, symmetric clipping)
+    dynamic_sampling: bool = False  # default: drop groups whose rewards are all equal from the loss
+    kl_in_reward: bool = False  # the KL to the reference is a token reward, not a loss term
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", scale_rewards="group"),
+    "dr_grpo": Algorithm("dr_grpo", scale_rewards="none"),  # Dr. GRPO: no std division, constant normaliser
+    "dapo": Algorithm("dapo", scale_rewards="group", epsilon_high=0.28, dynamic_sampling=True),
+    "rloo": Algorithm("dapo"),  # token-level mean over the batch: each token of a long answer counts once
+    "reinforce": Algorithm("dapo"),
+    "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
+    "ppo": Algorithm("dapo"),
 }
+# Our algorithm names → the TRL loss type that aggregates the per-token surrogate.
+LOSS_TYPES = {name: a.loss_type for name, a in ALGORITHMS.items()}
+# Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
+# token-level mean (zeroed rows then leave the denominator too).
+DYNAMIC_SAMPLING = ("dapo", "rloo")
+
+
+def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[str, Any]:
+    """The ``GRPOConfig`` fields that define ``algorithm`` (``epsilon_high``: an explicit upper clip range)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    spec = ALGORITHMS[algorithm]
+    fields: dict[str, Any] = {"loss_type": spec.loss_type}
+    if spec.scale_rewards is not None:
+        fields["scale_rewards"] = spec.scale_rewards
+    if epsilon_high is not None or spec.epsilon_high is not None:
+        fields["epsilon_high"] = epsilon_high if epsilon_high is not None else spec.epsilon_high
+    return fields
+
+
+def _apply_algorithm(args: GRPOConfig, algorithm: str) -> GRPOConfig:
+    """A copy of ``args`` with ``algorithm``'s defining fields (an explicit ``epsilon_high`` is kept)."""
+    fields = algorithm_args(algorithm, args.epsilon_high)
+    changed = {k: v for k, v in fields.items() if getattr(args, k) != v}
+    if not changed:
+        return args
+    log.info(
+        "algorithm=%s sets %s",
+        algorithm,
+        ", ".join(f"{k}={v!r} (was {getattr(args, k)!r})" for k, v in changed.items()),
+    )
+    args = copy.copy(args)
+    for key, value in changed.items():
+        setattr(args, key, value)
+    return args
 
 
 class Critic(torch.nn.Module):
@@ -90,18 +164,32 @@ class SearchTrainer(GRPOTrainer):
         value_clip: float = 0.2,
         critic_epochs: int = 1,
         critic_micro_batch: int | None = None,
+        dynamic_sampling: bool | None = None,
         **kwargs: Any,
     ):
-        if algorithm not in LOSS_TYPES:
-            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(LOSS_TYPES)}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
         if algorithm == "ppo" and critic is None:
             raise ValueError("algorithm=ppo needs a critic (Critic.from_pretrained)")
         if critic_micro_batch is not None and critic_micro_batch < 1:
             raise ValueError(
                 f"critic_micro_batch must be >= 1 (or None: whole batch), got {critic_micro_batch}"
             )
+        spec = ALGORITHMS[algorithm]
+        if dynamic_sampling is None:
+            dynamic_sampling = spec.dynamic_sampling
+        if dynamic_sampling and algorithm not in DYNAMIC_SAMPLING:
+            raise ValueError(
+                f"dynamic_sampling drops groups whose rewards are all equal; it needs a group baseline and a "
+                f"token-level loss ({', '.join(DYNAMIC_SAMPLING)}), not algorithm={algorithm}: "
+                "set trainer.dynamic_sampling=false or use trainer.algorithm=dapo"
+            )
+        if not isinstance(kwargs.get("args"), GRPOConfig):
+            raise TypeError("SearchTrainer needs args=GRPOConfig(...), passed by keyword")
+        kwargs["args"] = _apply_algorithm(kwargs["args"], algorithm)
         super().__init__(*args, **kwargs)
         self.algorithm = algorithm
+        self.dynamic_sampling = bool(dynamic_sampling)
         self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
         self.critic = critic
         self.critic_micro_batch = critic_micro_batch
@@ -138,19 +226,111 @@ class SearchTrainer(GRPOTrainer):
 
     def _score(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self.algorithm in ("grpo", "dr_grpo", "dapo"):
-            return output
         rewards = self._last_rewards
         local = output["completion_ids"].shape[0]
         start = self.accelerator.process_index * local
+        mode = "train" if self.model.training else "eval"
         if self.algorithm in ADVANTAGES:
             advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
             output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-        else:  # ppo
+        elif self.algorithm == "reinforce_pp":
+            output.update(self._reinforce_pp_advantages(output, rewards[start : start + local]))
+        elif self.algorithm == "ppo":
             output.update(self._ppo_advantages(output, rewards[start : start + local]))
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["algorithm/advantage_abs_mean"].append(output["advantages"].abs().mean().item())
+        if self.dynamic_sampling:
+            self._drop_uniform_groups(output, rewards, start)
+        if self.algorithm not in ("grpo", "dr_grpo", "dapo"):
+            self._metrics[mode]["algorithm/advantage_abs_mean"].append(
+                output["advantages"].abs().mean().item()
+            )
         return output
+
+    def _loss_mask(self, output) -> torch.Tensor:
+        mask = output["completion_mask"]
+        return mask * output["tool_mask"] if "tool_mask" in output else mask
+
+    # -- DAPO's dynamic sampling ---------------------------------------------------------------------------
+    def _drop_uniform_groups(self, output, rewards: torch.Tensor, start: int) -> None:
+        """Zero the loss mask of this rank's rows whose group (over the whole batch) has all-equal rewards.
+
+        Under the token-level loss the dropped rows then leave the denominator (``num_items_in_batch``,
+        recounted across ranks) as well as the numerator: the step is the loss of the remaining groups only.
+        """
+        local = output["completion_ids"].shape[0]
+        dropped = uniform_groups(rewards, self.num_generations)
+        keep = (~dropped).repeat_interleave(self.num_generations)[start : start + local]
+        mask = output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+        output["tool_mask"] = mask * keep.to(mask.device, mask.dtype).unsqueeze(1)
+        output["num_items_in_batch"] = self.accelerator.gather(self._loss_mask(output).sum()).sum()
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["algorithm/groups_dropped"].append(float(dropped.sum().item()))
+
+    # -- REINFORCE++ ---------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        if not (ALGORITHMS[self.algorithm].kl_in_reward and self.beta != 0.0):
+            return super()._compute_loss(model, inputs)
+        # REINFORCE++: the KL already is in the rewards (see _reinforce_pp_advantages), not in the loss. TRL
+        # keeps beta for the reference log-probs it computes at generation time; the loss runs without it.
+        beta, self.beta = self.beta, 0.0
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.beta = beta
+
+    def _reinforce_pp_advantages(self, output, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Token advantages of REINFORCE++: ``r_t = -β·(log π_old(y_t) - log π_ref(y_t))`` on every policy
+        token (the k1 estimate of KL(π_old ‖ π_ref)), plus the outcome reward on the last one (step rewards on
+        their ``</search>`` tokens); returns-to-go over policy tokens, normalised over the whole batch's."""
+        mask = self._loss_mask(output)
+        scorable = ~torch.isnan(rewards.to(mask.device))
+        mask = mask * scorable.unsqueeze(1).to(mask.dtype)  # unscorable rows: advantage 0, outside the stats
+        token_rewards = self._token_rewards(output, rewards, mask)
+        mode = "train" if self.model.training else "eval"
+        if self.beta != 0.0:
+            old = output.get("old_per_token_logps")
+            if old is None:
+                old = self._policy_logps(output)
+            kl = (old - output["ref_per_token_logps"]).float() * mask
+            token_rewards = token_rewards - self.beta * kl
+            totals = self.accelerator.reduce(torch.stack([kl.sum(), mask.sum().float()]), reduction="sum")
+            self._metrics[mode]["algorithm/kl_reward"].append((totals[0] / totals[1].clamp(min=1)).item())
+        returns = returns_to_go(token_rewards, mask, self.gamma)
+        return {"advantages": self._whiten_batch(returns, mask).to(output["advantages"].dtype)}
+
+    @torch.no_grad()
+    def _policy_logps(self, output) -> torch.Tensor:
+        """Log-probs of the completion tokens under the policy that sampled them (no update yet this batch)."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        T = output["completion_ids"].shape[1]
+        a = self.args
+        size = a.per_device_train_batch_size if self.model.training else a.per_device_eval_batch_size
+        return self._get_per_token_logps_and_entropies(self.model, ids, attention, T, batch_size=size)[0]
+
+    def _whiten_batch(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) / (std + eps)`` with mean and (biased) std over the masked-in tokens of every rank."""
+        m = mask.to(torch.float64)
+        x64 = x.to(torch.float64)
+        stats = torch.stack([(x64 * m).sum(), (x64 * x64 * m).sum(), m.sum()])
+        total, squares, count = self.accelerator.reduce(stats, reduction="sum").unbind()
+        count = count.clamp(min=1.0)
+        mean = total / count
+        std = (squares / count - mean**2).clamp(min=0.0).sqrt()
+        return ((x64 - mean) / (std + EPS) * m).to(x.dtype)
+
+    def _token_rewards(self, output, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(B, T)``: the outcome reward on each row's last policy token and the rollout's step rewards on
+        their ``</search>`` tokens (the reward function added their sum to the outcome: taken back off)."""
+        rewards = rewards.to(mask.device).float().clone()
+        steps = getattr(self.rollout_func, "last_step_rewards", None) or []
+        placed = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        if len(steps) == len(rewards):
+            for row, items in enumerate(steps):
+                for index, value in items:
+                    if index < placed.shape[1] and mask[row, index]:
+                        placed[row, index] += value
+                        rewards[row] -= value
+        return outcome_token_rewards(rewards, mask) + placed
 
     # -- PPO -----------------------------------------------------------------------------------------------
     def _critic_inputs(self, output) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -171,18 +351,7 @@ class SearchTrainer(GRPOTrainer):
                     for rows in self._critic_chunks(len(input_ids))
                 ]
             )
-        rewards = rewards.to(values.device).clone()
-        steps = getattr(self.rollout_func, "last_step_rewards", None) or []
-        placed = torch.zeros_like(values)
-        if len(steps) == len(rewards):
-            # step rewards sit on their </search> tokens; the reward function added their sum to the
-            # trajectory reward, so take it back off the last token
-            for row, items in enumerate(steps):
-                for index, value in items:
-                    if index < placed.shape[1] and mask[row, index]:
-                        placed[row, index] += value
-                        rewards[row] -= value
-        token_rewards = outcome_token_rewards(rewards, mask) + placed
+        token_rewards = self._token_rewards(output, rewards, mask)
         advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
         advantages = whiten(advantages, mask)
         stats = self._update_critic(input_ids, attention, mask, values, returns, T)

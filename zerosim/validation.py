@@ -4,7 +4,9 @@ The training reward is measured on sampled trajectories of the few prompts a ste
 mostly tells which questions were drawn. Search-R1 (veRL's ``test_freq``) validates during training instead;
 so do we: every ``validation.every`` steps (and at step 0, and after the last step) the current policy
 answers the same questions greedily, through the same multi-turn rollout and search engine as training but
-without curriculum noise, scored like ``zerosim eval --method agent``. Logged as ``val/em``, ``val/f1``,
+without curriculum noise and without the gold answers (the engine sees each query as ``zerosim eval`` shows it:
+a simulator is not told the answer, see :class:`eval.harness.WithheldAnswers`), scored like
+``zerosim eval --method agent``. Logged as ``val/em``, ``val/f1``,
 ``val/cover_em``, ``val/valid_format``, ``val/answer_rate``, ``val/searches``, ``val/recall`` at the training
 step, plotted at the end (``plots/validation.png``), the last pass's transcripts in
 ``samples/validation.jsonl``.
@@ -71,7 +73,12 @@ class Validation(TrainerCallback):
         tokenizer,
         trainer_ref: list,
         seed: int = 0,
+        answers_shown: bool = False,
     ):
+        """``answers_shown`` lets the engine see the questions' gold answers (the explicit, logged override
+        ``search.simulator.pass_answers=true``); by default they are withheld, as at evaluation."""
+        from eval.harness import WithheldAnswers
+
         if not examples:
             raise ValueError("validation has no questions; set validation.data / validation.split")
         self.cfg = cfg
@@ -80,7 +87,7 @@ class Validation(TrainerCallback):
         self.trainer_ref = trainer_ref
         self.rollout = SearchRollout(
             tokenizer,
-            engine,
+            engine if answers_shown else WithheldAnswers(engine),
             config=rollout,
             k=k,
             schedule=ConstantSchedule(0.0),  # the engine as it is: no curriculum noise
@@ -183,8 +190,10 @@ class Validation(TrainerCallback):
         if trainer.accelerator.is_main_process:
             import mlflow
 
+            from zerosim.tracking import log_metrics  # once per step, also across a resume
+
             if mlflow.active_run() is not None:
-                mlflow.log_metrics({k: v for k, v in metrics.items() if v == v}, step=step)
+                log_metrics({k: v for k, v in metrics.items() if v == v}, step=step)
         return metrics
 
 

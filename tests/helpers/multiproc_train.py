@@ -1,9 +1,11 @@
 """Run ``zerosim train`` (the CLI, unchanged) in one process of an ``accelerate launch`` group, with the
 policy's sampling scripted so that the ranks' trajectories finish on different turns.
 
-Rank 0's trajectories answer at their first turn; rank 1's search first and answer at the second. Each
-rank writes what it did to ``$ZEROSIM_TRACE/rank<R>.jsonl`` (generate / engine calls per rollout, the noise
-patterns it drew, the scheduled probability), for the test to compare across ranks.
+Rank 0's trajectories answer at their first turn, correctly; rank 1's search first and answer at the second,
+wrongly — so the ranks' local rewards differ. Each rank writes what it did to ``$ZEROSIM_TRACE/rank<R>.jsonl``
+(generate / engine calls per rollout, the noise patterns it drew, the scheduled probability) and what its
+adaptive curriculum observed to ``$ZEROSIM_TRACE/observe<R>.jsonl`` (its local rewards, the mean it was
+given, ``p`` after), for the test to compare across ranks.
 Usage: accelerate launch --config_file configs/accelerate/ddp-cpu.yaml tests/helpers/multiproc_train.py ARGS
 """
 
@@ -11,16 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import zerosim.rollout as rollout_module
+import zerosim.train as train_module
+from curricula.schedules import AdaptiveSchedule
 from zerosim.cli import app
 from zerosim.generation import Generation
 
 RANK = int(os.environ.get("RANK", "0"))
 TRACE = Path(os.environ["ZEROSIM_TRACE"])
-TURNS = {0: ["<think>known</think><answer> City </answer>"],
+TURNS = {0: ["<think>known</think><answer> City{letter} </answer>"],  # the right answer
          1: ["<think>look</think><search> capital </search>", "<think>ok</think><answer> City </answer>"]}  # fmt: skip
 
 
@@ -40,8 +45,10 @@ class ScriptedPolicy:
         self.calls.append(len(prompts))
         outs = []
         for ids in prompts:
-            turn = self.tokenizer.decode(ids).count(rollout_module.INFO_OPEN)  # the prompt names the tag too
-            text = TURNS[RANK][min(turn, len(TURNS[RANK]) - 1)]
+            context = self.tokenizer.decode(ids)
+            turn = context.count(rollout_module.INFO_OPEN)  # the prompt names the tag too
+            letter = re.findall(r"country ([A-H])\?", context)[-1]
+            text = TURNS[RANK][min(turn, len(TURNS[RANK]) - 1)].format(letter=letter)
             tok = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
             outs.append(Generation(tok, [-1.0] * len(tok), "stop"))
         return outs
@@ -83,6 +90,35 @@ def traced_run(self, generator, prompts, step, *, sync=None, offset=0):
 
 
 rollout_module.SearchRollout.run = traced_run
+
+LOCAL_REWARDS: list[list[float]] = []  # this rank's rewards, one list per reward call
+_make_reward_func = train_module.make_reward_func
+
+
+def traced_make_reward_func(*args, **kwargs):
+    inner = _make_reward_func(*args, **kwargs)
+
+    def reward(*a, **kw):
+        rewards = inner(*a, **kw)
+        LOCAL_REWARDS.append(list(rewards))
+        return rewards
+
+    reward.__name__ = inner.__name__
+    return reward
+
+
+_observe = AdaptiveSchedule.observe
+
+
+def traced_observe(self, step, mean_reward):
+    _observe(self, step, mean_reward)
+    record = {"step": step, "mean": mean_reward, "p": self.p, "local": LOCAL_REWARDS[-1]}
+    with (TRACE / f"observe{RANK}.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+train_module.make_reward_func = traced_make_reward_func
+AdaptiveSchedule.observe = traced_observe
 
 if __name__ == "__main__":
     TRACE.mkdir(parents=True, exist_ok=True)

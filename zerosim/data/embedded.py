@@ -36,11 +36,12 @@ class EmbeddedPaths:
 
 def load_questions(source: str, split: str = "train", limit: int | None = None):
     """QA examples from config: ``factbook`` → the embedded split, else a file or HF dataset id."""
-    from zerosim.data.qa import load_qa
+    from zerosim.data.qa import DataError, load_qa
 
     if source == EMBEDDED_DATA:
-        paths = ensure_factbook()
-        if split not in ("train", "dev", "test"):
-            raise ValueError(f"the embedded factbook has splits train, dev, test; got {split!r}")
-        return load_qa(getattr(paths, split), limit=limit)
+        if split not in ("train", "dev", "test"):  # checked before the first use builds the factbook
+            raise DataError(
+                f"the embedded factbook has splits train, dev, test; got split {split!r}: use one of them"
+            )
+        return load_qa(getattr(ensure_factbook(), split), limit=limit)
     return load_qa(source, split=split, limit=limit)

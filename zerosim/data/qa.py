@@ -49,21 +49,35 @@ def _got(row: dict, name: str) -> str:
 def _rows(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, row)`` for each row of a ``.jsonl`` or ``.parquet`` file; ``where`` reads ``"f.jsonl line 7"``."""
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file; check the path (a FlashRAG .jsonl or .parquet file)")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq  # lazy: only parquet users pay the import
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield f"{path} row {i}", row
         return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes: a non-UTF-8 byte is reported with its line, not mid-iteration
+        for i, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # tolerate a BOM
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path} line {i}: not UTF-8 text (byte 0x{raw[e.start]:02x}, byte {e.start + 1} of the "
+                    "line); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path} line {i}: invalid JSON ({e.msg} at column {e.colno})") from None
+                raise DataError(
+                    f"{path} line {i}: invalid JSON ({e.msg} at column {e.colno}); each line must be one "
+                    "complete JSON object"
+                ) from None
             yield f"{path} line {i}", row
 
 
@@ -118,12 +132,13 @@ def parse_qa_row(where: str, row: Any) -> QAExample:
     )
 
 
-def _local_path(source: str | Path, split: str | None) -> Path | None:
+def local_path(source: str | Path, split: str | None) -> Path | None:
     """The file ``source`` names, if it names a local one: a file, or ``<dir>/<split>.jsonl|.parquet``.
 
     Returns ``None`` for what looks like a hub id (``"org/name"`` that is not on disk, no file suffix).
+    ``~`` is expanded.
     """
-    path = Path(source)
+    path = Path(source).expanduser()
     if path.is_dir():
         if split is None:
             raise DataError(f"{path} is a folder: pass split= to pick {path}/<split>.jsonl")
@@ -132,6 +147,8 @@ def _local_path(source: str | Path, split: str | None) -> Path | None:
                 return path / f"{split}{suffix}"
         raise DataError(f"{path}: no {split}.jsonl or {split}.parquet in this folder")
     if isinstance(source, Path) or path.exists() or path.suffix in (*FILE_SUFFIXES, ".json"):
+        return path
+    if str(source).startswith(("/", ".", "~")):  # a path, never a hub id: reported missing as a file
         return path
     return None
 
@@ -153,7 +170,7 @@ def load_qa(source: str | Path, split: str | None = None, limit: int | None = No
     ``split`` picks the file in a folder and the hub split; it is ignored for a file path. ``limit`` keeps
     the first ``limit`` rows. A bad row raises :class:`DataError` naming file, line and field.
     """
-    path = _local_path(source, split)
+    path = local_path(source, split)
     rows = _rows(path) if path is not None else _hub_rows(str(source), split)
     examples = []
     for where, row in rows:

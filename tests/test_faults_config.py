@@ -1,0 +1,395 @@
+"""Fault and bad-input suite, config / data / CLI side (issue 14, items 8 and 9).
+
+Every bad value of every config schema, every malformed data file and every user error out of a command
+ends with one line naming the key / file / line and a fix, exit code 2, no traceback, before a model loads;
+``ZEROSIM_DEBUG=1`` / ``--debug`` bring the traceback back. The commands run in process (typer's CliRunner)
+with the weight loaders patched to fail, so a case that reached a model would fail loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+from zerosim.config import ConfigError, EvalConfig, TrainConfig, load_config
+
+# -- every numeric field has a range --------------------------------------------------------------------------
+
+
+def _numeric(tp) -> bool:
+    if tp in (int, float):
+        return True
+    if typing.get_origin(tp) is dict:
+        return _numeric(typing.get_args(tp)[1])
+    return any(_numeric(a) for a in typing.get_args(tp) if a is not type(None))
+
+
+def _numeric_fields(node, prefix=""):
+    """(schema class, field name, dotted key, annotation) of every int / float field under ``node``."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _numeric_fields(value, f"{key}.")
+        elif _numeric(hints[f.name]):
+            yield type(node), f.name, key, hints[f.name]
+
+
+def test_every_numeric_field_of_every_schema_has_a_range():
+    from zerosim.config import RANGES, SCHEMAS, parse_range
+
+    missing = sorted(
+        {f"{cls.__name__}.{name}" for schema in SCHEMAS for cls, name, _, _ in _numeric_fields(schema())}
+        - {f"{cls.__name__}.{name}" for cls, fields in RANGES.items() for name in fields}
+    )
+    assert not missing, f"add these numeric fields to zerosim.config.RANGES: {missing}"
+    for cls, fields in RANGES.items():  # no stale entries, every range parses
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name, spec in fields.items():
+            assert name in names, f"RANGES names {cls.__name__}.{name}, which does not exist"
+            parse_range(spec[0] if isinstance(spec, tuple) else spec)
+    for schema in SCHEMAS:  # the defaults are valid
+        load_config(None, schema=schema)
+
+
+def _bad_values(spec, integer: bool):
+    from zerosim.config import parse_range
+
+    valid = parse_range(spec[0] if isinstance(spec, tuple) else spec)
+    out = []
+    if math.isfinite(valid.lo):
+        out.append(valid.lo if valid.lo_open else valid.lo - 1)
+    if math.isfinite(valid.hi):
+        out.append(valid.hi if valid.hi_open else valid.hi + 1)
+    out = [int(v) if integer else v for v in out]
+    return out if integer else [*out, "nan", "inf", "-inf"]
+
+
+def _range_cases():
+    """One case per numeric field of each schema (the dict-valued reward.weights is tested below)."""
+    from zerosim.config import SimulatorCollectConfig, SimulatorEvalConfig, SimulatorTrainConfig
+
+    schemas = (TrainConfig, EvalConfig, SimulatorCollectConfig, SimulatorTrainConfig, SimulatorEvalConfig)
+    for schema in schemas:
+        for cls, name, key, hint in _numeric_fields(schema()):
+            if "dict" not in str(hint):
+                integer = float not in (hint, *typing.get_args(hint))
+                yield pytest.param(schema, cls, name, key, integer, id=f"{schema.__name__}:{key}")
+
+
+@pytest.mark.parametrize("schema, cls, name, key, integer", list(_range_cases()))
+def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, name, key, integer):
+    from zerosim.config import RANGES
+
+    for bad in _bad_values(RANGES[cls][name], integer):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"{key}={bad}"], schema=schema)
+        message = str(err.value)
+        assert "\n" not in message and f"{key} must be" in message and "got " in message, message
+        assert f"set by override '{key}={bad}'" in message, message
+        fix = re.search(rf"set e\.g\. {re.escape(key)}=(\S+)", message)
+        assert fix, message
+        load_config(None, [f"{key}={fix.group(1)}"], schema=schema)  # the suggested value is valid
+
+
+def test_reward_weights_are_checked_per_metric():
+    with pytest.raises(ConfigError, match=r"reward\.weights\.f1 must be >= 0, got -0\.5"):
+        load_config(None, ["reward.weights={em: 1.0, f1: -0.5}"])
+    with pytest.raises(ConfigError, match=r"reward\.weights\.em must be a finite number"):
+        load_config(None, ["reward.weights={em: .nan}"])
+    with pytest.raises(ConfigError, match="all 0"):
+        load_config(None, ["reward.weights={em: 0.0}"])
+
+
+def test_a_bad_value_in_a_recipe_names_the_recipe(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("trainer:\n  max_steps: 0\n")
+    with pytest.raises(ConfigError, match=r"trainer\.max_steps must be >= 1, got 0: .*set in .*r\.yaml"):
+        load_config(recipe)
+
+
+# -- the CLI: bad input -> exit 2, one line, no traceback, no weights --------------------------------------------
+
+
+def qa_line(i: int) -> str:
+    return json.dumps({"id": f"q{i}", "question": f"Capital of {i}?", "golden_answers": ["Lima"]}) + "\n"
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    good = "".join(qa_line(i) for i in range(4))
+    contents = {
+        "good.jsonl": good.encode(),
+        "bom.jsonl": b"\xef\xbb\xbf" + good.encode(),
+        "empty.jsonl": b"",
+        "blank.jsonl": b"\n \n",
+        "badjson.jsonl": (qa_line(0) + '{"id": "q1", "question": "x?"\n').encode(),
+        "badrow.jsonl": (qa_line(0) + qa_line(1) + '{"id": "q2", "question": "x?"}\n').encode(),
+        "latin1.jsonl": qa_line(0).encode()
+        + '{"id": "q1", "question": "Où?", "golden_answers": ["é"]}\n'.encode("latin-1"),
+        "dup.yaml": b"trainer:\n  max_steps: 3\n  learning_rate: 1e-5\n  max_steps: 4\n",
+        "malformed.yaml": b"trainer:\n  max_steps: [3\n  learning_rate: 1e-5\n",
+        "tab.yaml": b"trainer:\n\tmax_steps: 3\n",
+        "list.yaml": b"- trainer\n",
+        "latin1.yaml": "run:\n  name: café\n".encode("latin-1"),
+        "prompts.yaml": b"useful: [unclosed\n",
+    }
+    for name, data in contents.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: tmp_path / name for name in contents}
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """Run ``zerosim ARGS`` in process in ``tmp_path``; any weight load fails the test."""
+    import transformers
+    from typer.testing import CliRunner
+
+    import zerosim.models
+    from zerosim.cli import app
+
+    loads = []
+
+    def no_weights(*args, **kwargs):
+        loads.append(args)
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(zerosim.models, "load_causal_lm", no_weights)
+    monkeypatch.setattr(zerosim.models, "load_tokenizer", no_weights)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(no_weights))
+    monkeypatch.delenv("ZEROSIM_DEBUG", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args, env=None):
+        result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+        assert not loads, "a model was loaded"
+        return result
+
+    return run
+
+
+def _fails_cleanly(result, *words):
+    output = result.output
+    assert result.exit_code == 2, (result.exit_code, output, result.exception)
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), output  # one line
+    for word in words:
+        assert word in output, (word, output)
+
+
+# (id, command line ({name} = a file of the fixture), words the message must hold)
+TRAIN_DRY_RUN = [
+    # item 8: values that used to pass --dry-run and die after the models loaded
+    ("batch-size-0", ["trainer.per_device_train_batch_size=0"], ["trainer.per_device_train_batch_size", ">= 1", "got 0"]),
+    ("learning-rate-negative", ["trainer.learning_rate=-1"], ["trainer.learning_rate must be > 0", "-1"]),
+    ("max-steps-0", ["trainer.max_steps=0"], ["trainer.max_steps must be >= 1"]),
+    ("max-examples-negative", ["data.max_examples=-5"], ["data.max_examples must be >= 1", "-5"]),
+    ("http-retries-0", ["search.engine=http", "search.http.retries=0"], ["search.http.retries must be >= 1"]),
+    ("http-read-timeout-negative", ["search.http.read_timeout=-1"], ["search.http.read_timeout must be > 0"]),
+    ("http-connect-timeout-0", ["search.http.connect_timeout=0"], ["search.http.connect_timeout must be > 0"]),
+    ("simulator-retries-0", ["search.simulator.retries=0"], ["search.simulator.retries must be >= 1"]),
+    ("simulator-read-timeout-negative", ["search.simulator.read_timeout=-1"], ["search.simulator.read_timeout"]),
+    ("rollout-temperature-nan", ["rollout.temperature=nan"], ["rollout.temperature must be a finite number", "nan"]),
+    ("rollout-temperature-inf", ["rollout.temperature=inf"], ["rollout.temperature", "inf"]),
+    ("simulator-temperature-nan", ["search.simulator.temperature=nan"], ["search.simulator.temperature", "nan"]),
+    ("simulator-top-p-0", ["search.simulator.top_p=0"], ["search.simulator.top_p must be in (0, 1]"]),
+    ("warmstart-simulator-inf", ["warmstart.search.simulator.temperature=inf"], ["warmstart.search.simulator.temperature"]),
+    ("validation-batch-size-0", ["validation.batch_size=0"], ["validation.batch_size must be >= 1"]),
+    ("warmstart-lr-nan", ["warmstart.learning_rate=nan"], ["warmstart.learning_rate"]),
+    ("gamma-above-1", ["trainer.gamma=1.5"], ["trainer.gamma must be in [0, 1]"]),
+    ("sample-every-0", ["tracking.sample_every=0"], ["tracking.sample_every must be >= 1"]),
+    ("seed-negative", ["run.seed=-1"], ["run.seed must be >= 0"]),
+    ("save-total-limit-0", ["trainer.save_total_limit=0"], ["trainer.save_total_limit must be >= 1"]),
+    ("adaptive-thresholds-crossed", ["curriculum.schedule=adaptive", "curriculum.adaptive_lower_below=0.9"], ["adaptive_lower_below", "below"]),
+    # item 8: data files read at --dry-run (file and line named)
+    ("data-invalid-json", ["data.train={badjson.jsonl}"], ["data.train", "badjson.jsonl line 2", "invalid JSON"]),
+    ("data-malformed-row", ["data.train={badrow.jsonl}"], ["badrow.jsonl line 3", "golden_answers"]),
+    ("data-empty", ["data.train={empty.jsonl}"], ["data.train", "empty.jsonl", "no questions"]),
+    ("data-blank-lines", ["data.train={blank.jsonl}"], ["blank.jsonl", "no questions"]),
+    ("data-not-utf8", ["data.train={latin1.jsonl}"], ["latin1.jsonl line 2", "not UTF-8"]),
+    ("validation-data-malformed", ["data.train={good.jsonl}", "validation.every=2", "validation.data={badrow.jsonl}"], ["validation.data", "badrow.jsonl line 3"]),
+    ("warmstart-data-malformed", ["data.train={good.jsonl}", "warmstart.enabled=true", "warmstart.data={latin1.jsonl}"], ["warmstart.data", "latin1.jsonl line 2"]),
+    ("prompts-file-malformed", ["data.train={good.jsonl}", "search.simulator.prompts_file={prompts.yaml}"], ["prompts.yaml"]),
+    ("factbook-unknown-split", ["data.split=validation"], ["data.train", "splits train, dev, test", "'validation'"]),
+    ("bm25-corpus-missing", ["data.train={good.jsonl}", "search.engine=bm25", "search.bm25.corpus=nope.jsonl"], ["search.bm25.corpus", "nope.jsonl"]),
+    # item 9: YAML that used to end in a traceback
+    ("yaml-duplicate-key", ["--config", "{dup.yaml}"], ["dup.yaml line 4", "duplicate key 'max_steps'"]),
+    ("yaml-malformed", ["--config", "{malformed.yaml}"], ["malformed.yaml line 3", "malformed YAML"]),
+    ("yaml-tab", ["--config", "{tab.yaml}"], ["tab.yaml line 2", "malformed YAML"]),
+    ("yaml-not-utf8", ["--config", "{latin1.yaml}"], ["latin1.yaml line 2", "not UTF-8"]),
+    ("override-unparsable", ["trainer.max_steps=[3"], ["override 'trainer.max_steps=[3'", "cannot parse"]),
+    ("wrong-type-one-line", ["trainer.max_steps=many"], ["wrong type for config key 'trainer.max_steps'"]),
+    # already worked: stay working
+    ("unknown-key (already worked)", ["trainer.learning_rat=0.1"], ["unknown config key 'trainer.learning_rat'", "learning_rate"]),
+    ("bad-choice (already worked)", ["search.engine=google"], ["search.engine", "valid values"]),
+    ("group-of-one (already worked)", ["trainer.num_generations=1"], ["trainer.num_generations must be >= 2"]),
+    ("not-a-multiple (already worked)", ["trainer.per_device_train_batch_size=6"], ["multiple of", "=8"]),
+    ("missing-config-file (already worked)", ["--config", "nope.yaml"], ["nope.yaml does not exist"]),
+    ("yaml-list (already worked)", ["--config", "{list.yaml}"], ["YAML mapping"]),
+    ("no-equals (already worked)", ["trainer.max_steps"], ["key=value"]),
+    ("missing-data-file (already worked)", ["data.train=nope.jsonl"], ["nope.jsonl", "does not exist"]),
+]  # fmt: skip
+
+
+def _fill(args, files):
+    return [re.sub(r"\{([\w.]+)\}", lambda m: str(files[m.group(1)]), a) for a in args]
+
+
+@pytest.mark.parametrize("args, words", [c[1:] for c in TRAIN_DRY_RUN], ids=[c[0] for c in TRAIN_DRY_RUN])
+def test_train_dry_run_refuses_bad_input(cli, files, tmp_path, args, words):
+    result = cli("train", "--dry-run", *_fill(args, files))
+    _fails_cleanly(result, *words)
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
+
+
+OTHER_COMMANDS = [
+    ("eval-limit-0", ["eval", "--limit", "0"], ["limit must be >= 1", "got 0"]),
+    ("eval-limit-negative", ["eval", "--limit", "-1"], ["limit must be >= 1"]),
+    ("eval-batch-size-0", ["eval", "batch_size=0"], ["batch_size must be >= 1"]),
+    ("eval-temperature-nan", ["eval", "rollout.temperature=nan"], ["rollout.temperature", "nan"]),
+    ("eval-http-retries-0", ["eval", "--search", "http", "search.http.retries=0"], ["search.http.retries"]),
+    ("eval-duplicate-key", ["eval", "--config", "{dup.yaml}"], ["dup.yaml line 4", "duplicate key"]),
+    ("simulator-eval-temperature-nan", ["simulator", "eval", "simulator.temperature=nan"], ["simulator.temperature", "nan"]),
+    ("simulator-eval-k-0", ["simulator", "eval", "k=0"], ["k must be >= 1"]),
+    ("simulator-collect-max-questions-0", ["simulator", "collect", "--max-questions", "0"], ["max_questions must be >= 1"]),
+    ("simulator-train-lora-dropout-1", ["simulator", "train", "lora_dropout=1"], ["lora_dropout must be in [0, 1)"]),
+    ("simulator-train-max-steps-0", ["simulator", "train", "--max-steps", "0"], ["max_steps must be >= 1"]),
+    ("warmstart-batch-size-0", ["policy", "warmstart", "warmstart.batch_size=0"], ["warmstart.batch_size must be >= 1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, words", [c[1:] for c in OTHER_COMMANDS], ids=[c[0] for c in OTHER_COMMANDS])
+def test_other_commands_refuse_bad_values(cli, files, args, words):
+    _fails_cleanly(cli(*_fill(args, files)), *words)
+
+
+def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path):
+    result = cli(
+        "train", "--dry-run", f"data.train={files['good.jsonl']}", "data.max_examples=2",
+        "validation.every=2", f"validation.data={files['bom.jsonl']}",
+        "warmstart.enabled=true", f"warmstart.data={files['good.jsonl']}",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "dry run: nothing loaded" in result.output
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
+    from zerosim.plan import plan
+
+    rows = dict(plan(load_config(None, [
+        f"data.train={files['good.jsonl']}", "data.max_examples=2", "validation.every=2",
+        f"validation.data={files['bom.jsonl']}", "warmstart.enabled=true", f"warmstart.data={files['good.jsonl']}",
+    ])))  # fmt: skip
+    assert rows["data"].endswith("good.jsonl (4 questions, 2 drawn (seeded), every row checked)")
+    assert "bom.jsonl (4 questions, every row checked)" in rows["validation"]  # a UTF-8 BOM is fine
+    assert "trajectories from " in rows["warm start"] and "good.jsonl (4 questions" in rows["warm start"]
+
+
+def test_non_utf8_data_names_file_and_line_in_normal_loading(files):
+    from zerosim.data import DataError, load_qa
+
+    with pytest.raises(DataError, match=r"latin1\.jsonl line 2: not UTF-8 text \(byte 0xf9"):
+        load_qa(files["latin1.jsonl"])
+    assert len(load_qa(files["bom.jsonl"])) == 4
+
+
+# -- errors out of the commands: one line, exit 2; the traceback on request ------------------------------------
+
+
+def _raise(exc):
+    def fail(*args, **kwargs):
+        raise exc
+
+    return fail
+
+
+def _error(name: str, message: str):
+    from zerosim.config import ConfigError
+    from zerosim.data import DataError
+    from zerosim.models import ModelError
+    from zerosim.search import SearchError
+
+    kinds = {"ConfigError": ConfigError, "DataError": DataError, "SearchError": SearchError,
+             "ModelError": ModelError, "FileExistsError": FileExistsError,
+             "FileNotFoundError": FileNotFoundError}  # fmt: skip
+    return kinds[name](message)
+
+
+# (id, module, function the command calls, error class, command line)
+RAISED = [
+    ("train-SearchError", "zerosim.train", "train", "SearchError", ["train"]),
+    ("train-FileExistsError", "zerosim.train", "train", "FileExistsError", ["train"]),
+    ("train-ConfigError", "zerosim.train", "train", "ConfigError", ["train"]),
+    ("train-DataError", "zerosim.train", "train", "DataError", ["train"]),
+    ("eval-SearchError", "eval.run", "run_eval", "SearchError", ["eval"]),
+    ("eval-FileExistsError", "eval.run", "run_eval", "FileExistsError", ["eval"]),
+    ("index-build-FileExistsError", "eval.index", "build_index", "FileExistsError", ["index", "build", "--corpus", "factbook", "--kind", "bm25", "--out", "idx"]),
+    ("index-build-DataError", "eval.index", "build_index", "DataError", ["index", "build", "--corpus", "factbook", "--kind", "bm25", "--out", "idx"]),
+    ("serve-SearchError", "eval.index", "load_index", "SearchError", ["serve", "retriever", "--index", "idx"]),
+    ("simulator-serve-FileNotFoundError", "simulators.openai_server", "start_simulator_server", "FileNotFoundError", ["simulator", "serve"]),
+    ("simulator-train-FileExistsError", "simulators.sft", "run_sft", "FileExistsError", ["simulator", "train"]),
+    ("warmstart-DataError", "zerosim.warmstart", "run_warmstart", "DataError", ["policy", "warmstart"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module, function, kind, args", [c[1:] for c in RAISED], ids=[c[0] for c in RAISED])
+def test_user_errors_out_of_a_command_are_one_line(cli, monkeypatch, module, function, kind, args):
+    import importlib
+
+    message = f"a {kind} the user can fix: do this instead"
+    monkeypatch.setattr(importlib.import_module(module), function, _raise(_error(kind, message)))
+    _fails_cleanly(cli(*args), message)
+
+
+def test_debug_shows_the_traceback(cli, files, monkeypatch):
+    import zerosim.train
+
+    monkeypatch.setattr(zerosim.train, "train", _raise(FileExistsError("outputs/x holds another run")))
+    for result in (
+        cli("train", env={"ZEROSIM_DEBUG": "1"}),
+        cli("train", "--debug"),
+        cli("--debug", "train"),
+    ):
+        assert result.exit_code == 2, result.output
+        assert (
+            "Traceback" in result.output and "FileExistsError: outputs/x holds another run" in result.output
+        )
+        assert (
+            result.output.rstrip().splitlines()[-1] == "error: FileExistsError: outputs/x holds another run"
+        )
+    result = cli("train", "--dry-run", "--config", str(files["dup.yaml"]), env={"ZEROSIM_DEBUG": "1"})
+    assert result.exit_code == 2 and "Traceback" in result.output and "duplicate key" in result.output
+
+
+def test_os_errors_and_library_errors_read_as_one_line(cli, monkeypatch):
+    import eval.run
+
+    monkeypatch.setattr(
+        eval.run, "run_eval", _raise(FileNotFoundError(2, "No such file or directory", "/x/y"))
+    )
+    _fails_cleanly(cli("eval"), "/x/y: No such file or directory")
+    monkeypatch.setattr(eval.run, "run_eval", _raise(json.JSONDecodeError("Expecting value", "x", 0)))
+    _fails_cleanly(
+        cli("eval"), "JSONDecodeError: Expecting value", "--debug"
+    )  # not ours: a pointer to --debug
+
+
+def test_a_bug_still_shows_its_traceback(cli, monkeypatch):
+    import eval.run
+
+    monkeypatch.setattr(eval.run, "run_eval", _raise(RuntimeError("a bug")))
+    result = cli("eval")
+    assert result.exit_code != 2 and isinstance(result.exception, RuntimeError)  # not hidden as a user error
+
+
+def test_eval_config_message_names_the_flag_override():
+    with pytest.raises(ConfigError, match=r"limit must be >= 1 \(null = every row\), got 0"):
+        load_config(None, ["limit=0"], schema=EvalConfig)
+    assert load_config(None, ["limit=null"], schema=EvalConfig).limit is None
+    assert isinstance(load_config(None, []), TrainConfig)

@@ -1,0 +1,249 @@
+"""The resume contract (docs/training.md): a checkpoint is bound to its run and config, a kill at any phase
+of a save leaves a complete checkpoint to continue from, and nothing is lost or logged twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from zerosim.config import ConfigError, TrainConfig, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER = REPO / "tests" / "helpers" / "kill_during_save.py"
+PHASES = ["before_model", "model_optimizer", "state_file", "rotation"]
+RESUMED_FROM = {"before_model": 1, "model_optimizer": 1, "state_file": 1, "rotation": 2}  # last complete
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume-data")
+    qa, corpus = root / "qa.jsonl", root / "corpus.jsonl"
+    qa.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"q{i}",
+                    "question": f"What is the capital of country {c}?",
+                    "golden_answers": [f"City{c}"],
+                }
+            )
+            + "\n"
+            for i, c in enumerate("ABCDEFGH")
+        )
+    )
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
+            + "\n"
+            for i, c in enumerate("ABCDEFGH")
+        )
+    )
+    return qa, corpus
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory, tiny_model_dir, data_files):
+    """``algorithm -> (workdir, helper log)``: every phase killed once (SIGKILL during the save of
+    checkpoint-2 of 3 steps), then resumed with resume=true — one helper process per algorithm (imports
+    once, one fork per run), run on first use."""
+    done = {}
+
+    def run(algorithm: str) -> tuple[Path, str]:
+        if algorithm not in done:
+            workdir = tmp_path_factory.mktemp(f"kill-{algorithm}")
+            qa, corpus = data_files
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),  # this checkout
+                "ZEROSIM_HOME": str(workdir / "home"),
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+            cmd = [
+                sys.executable,
+                str(HELPER),
+                str(workdir),
+                algorithm,
+                str(tiny_model_dir),
+                str(qa),
+                str(corpus),
+            ]
+            proc = subprocess.run([*cmd, *PHASES], capture_output=True, text=True, timeout=900, env=env)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            done[algorithm] = workdir, proc.stderr
+        return done[algorithm]
+
+    return run
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_kill_at_any_phase_of_a_save_resumes_losing_nothing(killed_and_resumed, algorithm, phase, tmp_path):
+    import mlflow
+
+    workdir, log = killed_and_resumed(algorithm)
+    result = json.loads((workdir / phase / "result.json").read_text())
+    assert result["killed_by_sigkill"], f"the {phase} kill never fired"
+    assert "error" not in result, f"{algorithm}/{phase}: resume failed: {result.get('error')}\n{log[-3000:]}"
+    folder = workdir / phase / "run"
+
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=[phase], output_format="list")  # the same run, continued
+    assert (
+        run.info.run_id == result["run_id"] == json.loads((folder / "mlflow_run.json").read_text())["run_id"]
+    )
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["zerosim.resumed_from"].endswith(f"checkpoint-{RESUMED_FROM[phase]}")
+    assert result["steps"] == 3
+    client = mlflow.MlflowClient()
+    # every step once: none lost, none logged twice (the killed attempt had logged step 2 already)
+    assert [
+        m.step for m in sorted(client.get_metric_history(run.info.run_id, "reward"), key=lambda m: m.step)
+    ] == [1, 2, 3]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/em")) == [0, 1, 2, 3]
+    for key in run.data.metrics:
+        steps = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert max(steps.values()) == 1, (key, steps)
+    # what the run held in memory before the kill: sample trajectories and validation history
+    samples = client.download_artifacts(run.info.run_id, "samples/trajectories.jsonl", str(tmp_path))
+    per_step = Counter(json.loads(line)["step"] for line in Path(samples).read_text().splitlines())
+    assert per_step == {0: 2, 1: 2, 2: 2}  # rollout steps (0-based), 2 kept per step, none twice
+    assert result["validation_steps"] == [0, 1, 2, 3]
+    assert "plots/validation.png" in {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    # rotation kept one complete checkpoint, the last; no half-deleted leftovers
+    assert sorted(p.name for p in folder.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
+    state = torch.load(folder / "checkpoint-3" / "zerosim_state.pt", weights_only=True)
+    assert state["run_id"] == run.info.run_id and state["global_step"] == 3
+    assert ("critic" in state) == (algorithm == "ppo")
+
+
+def _cfg(out: Path, *overrides: str) -> TrainConfig:
+    return load_config(
+        None, [f"run.output_dir={out}", "run.name=run", "policy.model=/nonexistent/policy", *overrides]
+    )
+
+
+def test_fresh_run_into_a_folder_with_checkpoints_refuses_before_loading_weights(
+    tmp_path, monkeypatch, data_files
+):
+    import zerosim.train as train_module
+
+    qa, _ = data_files
+    folder = tmp_path / "run"
+    (folder / "checkpoint-4").mkdir(parents=True)
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "a" * 32}))
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the folder was checked")
+
+    monkeypatch.setattr(train_module, "load_causal_lm", no_weights)
+    monkeypatch.setattr(train_module, "load_tokenizer", no_weights)
+    with pytest.raises(ConfigError) as info:
+        train_module.train(
+            _cfg(tmp_path, f"data.train={qa}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'm.db'}")
+        )
+    message = str(info.value)
+    assert "checkpoint-4" in message and "a" * 32 in message  # what is there, whose
+    assert "resume=true" in message and "run.name" in message and "run.output_dir" in message  # both ways out
+
+
+def test_a_folder_holding_only_final_or_warmstart_is_reused_by_a_fresh_run(tmp_path):
+    from zerosim.train import resume_point
+
+    folder = tmp_path / "run"
+    for sub in ("final", "warmstart/final", "critic"):
+        (folder / sub).mkdir(parents=True)
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "b" * 32}))
+    assert resume_point(_cfg(tmp_path), folder) == (None, None)
+
+
+@pytest.fixture
+def finished_run(killed_and_resumed, tmp_path, tiny_model_dir, data_files):
+    """A copy of a run folder whose last checkpoint is complete (the before_model case, resumed to the end),
+    and the config it ran with (resume=true)."""
+    import importlib.util
+
+    algorithm = "grpo"  # one is enough for the binding checks
+    workdir, _ = killed_and_resumed(algorithm)
+    spec = importlib.util.spec_from_file_location("kill_during_save", HELPER)
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    qa, corpus = data_files
+    cfg = helper.config(workdir, algorithm, str(tiny_model_dir), str(qa), str(corpus), "before_model", True)
+    folder = tmp_path / "copy" / "run"
+    shutil.copytree(workdir / "before_model" / "run", folder)
+    cfg.run.output_dir = str(folder.parent)  # a moved folder resumes too
+    return folder, cfg
+
+
+def test_resume_accepts_its_own_run_and_the_fields_a_resume_may_change(finished_run):
+    from zerosim.train import resume_point
+
+    folder, cfg = finished_run
+    checkpoint, run_id = resume_point(cfg, folder)
+    assert (
+        checkpoint == folder / "checkpoint-3"
+        and run_id == json.loads((folder / "mlflow_run.json").read_text())["run_id"]
+    )
+    cfg.trainer.max_steps, cfg.trainer.save_steps, cfg.tracking.experiment = 10, 5, "elsewhere"
+    assert resume_point(cfg, folder)[0] == checkpoint
+
+
+def test_resume_refuses_a_checkpoint_trained_with_another_config(finished_run):
+    from zerosim.train import resume_point
+
+    folder, cfg = finished_run
+    cfg.run.seed, cfg.trainer.learning_rate = 1, 0.5
+    with pytest.raises(ConfigError) as info:
+        resume_point(cfg, folder)
+    message = str(info.value)
+    assert "run.seed: 0 in the checkpoint, 1 now" in message and "trainer.learning_rate" in message
+    assert "run.name" in message  # the way out: a new run elsewhere
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(finished_run):
+    from zerosim.train import resume_point
+
+    folder, cfg = finished_run
+    ours = json.loads((folder / "mlflow_run.json").read_text())["run_id"]
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "c" * 32}))  # another run took the folder
+    with pytest.raises(ConfigError) as info:
+        resume_point(cfg, folder)
+    assert ours in str(info.value) and "c" * 32 in str(info.value)
+
+
+class RunsCode:
+    """Unpickling this creates a file: what a hostile checkpoint could do instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').close()",)
+
+
+def test_a_state_file_holding_code_is_refused_not_run(tmp_path):
+    from zerosim import train as train_module
+
+    folder = tmp_path / "run"
+    checkpoint = folder / "checkpoint-1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "d" * 32}))
+    marker = tmp_path / "code-ran"
+    torch.save({"global_step": 1, "schedule": RunsCode(marker)}, checkpoint / "zerosim_state.pt")
+
+    cfg = _cfg(tmp_path, "run.resume=true")
+    with pytest.raises(ConfigError, match="refusing to load it"):
+        train_module.resume_point(cfg, folder)
+    assert not marker.exists()
+    with pytest.raises(ConfigError, match="tensors and plain values"):
+        train_module.ZerosimState(None, [None], run_id="d" * 32, config={}).load(checkpoint)
+    assert not marker.exists()
