@@ -393,3 +393,21 @@ def test_eval_config_message_names_the_flag_override():
         load_config(None, ["limit=0"], schema=EvalConfig)
     assert load_config(None, ["limit=null"], schema=EvalConfig).limit is None
     assert isinstance(load_config(None, []), TrainConfig)
+
+
+REAL_TRAIN = ["data-malformed-row", "validation-data-malformed", "prompts-file-malformed", "bm25-corpus-missing"]
+
+
+@pytest.mark.parametrize("case", REAL_TRAIN)
+def test_a_real_train_refuses_what_dry_run_refuses_before_weights_load(cli, files, case):
+    """`zerosim train` (no --dry-run) runs the dry run's checks first: a bad data file stops the job before
+    any weight loads (here: validation.data, read only after the policy loaded before)."""
+    args, words = next((a, w) for name, a, w in TRAIN_DRY_RUN if name == case)
+    _fails_cleanly(cli("train", *_fill(args, files)), *words)
+
+
+def test_dry_run_refuses_a_fresh_run_over_another_runs_checkpoints(cli, files, tmp_path):
+    (tmp_path / "outputs" / "zerosim" / "checkpoint-2").mkdir(parents=True)
+    _fails_cleanly(
+        cli("train", "--dry-run", f"data.train={files['good.jsonl']}"), "checkpoint-2", "resume=true", "run.name"
+    )

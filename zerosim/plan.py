@@ -167,13 +167,26 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
     generation = t.generation if t.generation == "hf" else f"{t.generation} (vLLM {vllm})"
     if t.generation == "vllm_server":
         generation += f", server {_url(t.vllm_server_url, 'trainer.vllm_server_url')}"
+    from zerosim.checkpoint import resume_point
+
+    output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
+    checkpoint, run_id = resume_point(cfg, output_dir)
+    run = f"{cfg.run.name} -> {output_dir}"
+    if checkpoint is not None:
+        run += f", resumes {checkpoint.name} of MLflow run {run_id}"
+    from zerosim.trainer import ALGORITHMS
+
+    spec = ALGORITHMS[t.algorithm]
+    epsilon_high = next(e for e in (t.epsilon_high, spec.epsilon_high, t.epsilon) if e is not None)
+    dynamic = t.dynamic_sampling if t.dynamic_sampling is not None else spec.dynamic_sampling
     rows = [
-        ("run", f"{cfg.run.name} -> {Path(cfg.run.output_dir) / cfg.run.name}"),
+        ("run", run),
         ("policy", _model(cfg.policy.model) + f", dtype {cfg.policy.dtype}"),
         ("warm start", _warmstart(cfg)),
         ("data", _data(cfg.data.train, cfg.data.split, "data.train", cfg.data.max_examples)),
         *_search(cfg),
-        ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip {t.epsilon:g}"),
+        ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip [{t.epsilon:g}, {epsilon_high:g}]" + (", equal-reward groups dropped" if dynamic else "")),
         ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if t.algorithm == "ppo" else "none"),
         ("processes", str(processes)),
         ("per step", f"{trajectories} trajectories = {trajectories // t.num_generations} prompts x {t.num_generations} rollouts"),

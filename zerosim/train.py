@@ -285,6 +285,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     # which run this job continues, if any: checked (run id, config) before any weight loads
     checkpoint_in, run_id = resume_point(cfg, output_dir)
+    from zerosim.plan import plan
+
+    plan(cfg, procs.num_processes)  # what --dry-run checks, before any weight loads: data files, paths, URLs
 
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)
