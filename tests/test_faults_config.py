@@ -220,6 +220,7 @@ TRAIN_DRY_RUN = [
     ("prompts-file-malformed", ["data.train={good.jsonl}", "search.simulator.prompts_file={prompts.yaml}"], ["prompts.yaml"]),
     ("factbook-unknown-split", ["data.split=validation"], ["data.train", "splits train, dev, test", "'validation'"]),
     ("bm25-corpus-missing", ["data.train={good.jsonl}", "search.engine=bm25", "search.bm25.corpus=nope.jsonl"], ["search.bm25.corpus", "nope.jsonl"]),
+    ("noise-without-negatives", ["data.train={good.jsonl}", "search.engine=bm25", "search.negatives=none"], ["search.negatives=none", "curriculum.p_end=0"]),
     # item 9: YAML that used to end in a traceback
     ("yaml-duplicate-key", ["--config", "{dup.yaml}"], ["dup.yaml line 4", "duplicate key 'max_steps'"]),
     ("yaml-malformed", ["--config", "{malformed.yaml}"], ["malformed.yaml line 3", "malformed YAML"]),

@@ -24,11 +24,21 @@ def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
     return f"search.negatives={cfg.negatives} leaves the {cfg.engine} retriever's noisy slots unfilled"
 
 
+def check_noise_config(cfg: SearchConfig, curriculum: CurriculumConfig) -> None:
+    """What :func:`check_noise` can tell from the config alone (``--dry-run``, before any engine is built):
+    a noisy curriculum over a real retriever with ``search.negatives=none``."""
+    if curriculum_adds_noise(curriculum) and cfg.engine != "simulator" and cfg.negatives == "none":
+        _refuse(cfg, f"search.negatives=none leaves the {cfg.engine} retriever's noisy slots unfilled")
+
+
 def check_noise(engine: SearchEngine, cfg: SearchConfig) -> None:
     """Refuse (``ConfigError``) an engine that cannot honour the noise a curriculum will ask for."""
     problem = noise_problem(engine, cfg)
-    if problem is None:
-        return
+    if problem is not None:
+        _refuse(cfg, problem)
+
+
+def _refuse(cfg: SearchConfig, problem: str) -> None:
     if cfg.engine == "http":
         fix = (
             "serve the index with this version's `zerosim serve retriever` (it fills noisy slots with corpus "

@@ -168,6 +168,9 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
     if t.generation == "vllm_server":
         generation += f", server {_url(t.vllm_server_url, 'trainer.vllm_server_url')}"
     from zerosim.checkpoint import resume_point
+    from zerosim.engines import check_noise_config
+
+    check_noise_config(cfg.search, c)  # a noisy curriculum over a retriever that would leave its slots empty
 
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
