@@ -74,7 +74,9 @@ def render() -> str:
             )
         if rows:
             title = f"`{prefix.rstrip('.')}`" if prefix else "top level"
-            lines.extend([f"## {title}", "", "| key | default | valid | meaning |", "|---|---|---|---|", *rows, ""])
+            lines.extend(
+                [f"## {title}", "", "| key | default | valid | meaning |", "|---|---|---|---|", *rows, ""]
+            )
         for value, sub in nested:
             walk(value, sub)
 

@@ -396,7 +396,12 @@ def test_eval_config_message_names_the_flag_override():
     assert isinstance(load_config(None, []), TrainConfig)
 
 
-REAL_TRAIN = ["data-malformed-row", "validation-data-malformed", "prompts-file-malformed", "bm25-corpus-missing"]
+REAL_TRAIN = [
+    "data-malformed-row",
+    "validation-data-malformed",
+    "prompts-file-malformed",
+    "bm25-corpus-missing",
+]
 
 
 @pytest.mark.parametrize("case", REAL_TRAIN)
@@ -410,5 +415,8 @@ def test_a_real_train_refuses_what_dry_run_refuses_before_weights_load(cli, file
 def test_dry_run_refuses_a_fresh_run_over_another_runs_checkpoints(cli, files, tmp_path):
     (tmp_path / "outputs" / "zerosim" / "checkpoint-2").mkdir(parents=True)
     _fails_cleanly(
-        cli("train", "--dry-run", f"data.train={files['good.jsonl']}"), "checkpoint-2", "resume=true", "run.name"
+        cli("train", "--dry-run", f"data.train={files['good.jsonl']}"),
+        "checkpoint-2",
+        "resume=true",
+        "run.name",
     )

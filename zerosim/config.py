@@ -57,7 +57,9 @@ class SimulatorConfig:
     max_new_tokens: int = 192  # generation budget for all k documents of one request
     temperature: float = 0.7  # simulator sampling temperature (0 = greedy)
     top_p: float = 0.95  # simulator nucleus sampling
-    pass_answers: bool | None = None  # show the question and gold answers to the simulator: null = in training only (never at eval or validation), false = never, true = also at eval/validation (an override, warned about and tagged in MLflow)
+    pass_answers: bool | None = (
+        None  # show the question and gold answers to the simulator: null = in training only (never at eval or validation), false = never, true = also at eval/validation (an override, warned about and tagged in MLflow)
+    )
     on_short: str = (
         "reask"  # fewer documents than slots: reask (once, then fill) / fill (explicit failure documents)
     )
@@ -191,8 +193,12 @@ class TrainerConfig:
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     beta: float = 0.0  # KL coefficient to the reference policy (0 = no reference model)
     epsilon: float = 0.2  # PPO-style clip range
-    epsilon_high: float | None = None  # upper clip range (DAPO's clip-higher); None = 0.28 for dapo, epsilon otherwise
-    dynamic_sampling: bool | None = None  # drop groups whose rewards are all equal from the loss (DAPO; dapo, rloo); None = on for dapo
+    epsilon_high: float | None = (
+        None  # upper clip range (DAPO's clip-higher); None = 0.28 for dapo, epsilon otherwise
+    )
+    dynamic_sampling: bool | None = (
+        None  # drop groups whose rewards are all equal from the loss (DAPO; dapo, rloo); None = on for dapo
+    )
     max_grad_norm: float = 1.0  # gradient clipping
     logging_steps: int = 1  # log every N steps
     save_final: bool = True  # save the final policy checkpoint

@@ -94,7 +94,9 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         num_generations=t.num_generations,
         beta=t.beta,
         epsilon=t.epsilon,
-        **algorithm_args(t.algorithm, t.epsilon_high),  # loss type, reward scaling, upper clip: what the name means
+        **algorithm_args(
+            t.algorithm, t.epsilon_high
+        ),  # loss type, reward scaling, upper clip: what the name means
         max_grad_norm=t.max_grad_norm,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         max_completion_length=cfg.rollout.max_completion_tokens,
