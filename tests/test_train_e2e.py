@@ -49,6 +49,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
         # greedy validation at steps 0, 1, 2 on 3 questions; beside the simulator, against BM25
         "validation.every=1", "validation.max_examples=3", "validation.batch_size=2",
         f"validation.engine={'bm25' if engine == 'simulator' else 'train'}",
+        "runtime.threads=1",  # the process computes with one thread (tag zerosim.threads)
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -63,6 +64,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
             (tmp_path / "out" / "e2e" / "warmstart" / "final").resolve()
         )
     assert run.info.status == "FINISHED"
+    assert run.data.tags["zerosim.threads"] == "1"
     client = mlflow.MlflowClient()
     for key in [
         "reward",

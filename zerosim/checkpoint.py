@@ -32,7 +32,8 @@ _TMP_STATE = ".tmp-state-"  # our state file while it is written (torch.save wan
 _DELETING = ".deleting-"  # a checkpoint being deleted is renamed to this first: never half a checkpoint-N
 
 # What a resume may change: where the run folder is, how long the run goes, how often it saves, where and what
-# it logs (the run id, kept in the checkpoint, finds the run). Every other field is bound to the checkpoint.
+# it logs (the run id, kept in the checkpoint, finds the run), how many threads it computes with. Every other
+# field is bound to the checkpoint.
 RESUMABLE_FIELDS = (
     "run.resume",
     "run.name",
@@ -42,6 +43,7 @@ RESUMABLE_FIELDS = (
     "trainer.save_total_limit",
     "trainer.save_final",
     "tracking.",
+    "runtime.",  # the machine a run continues on
 )
 
 logger = logging.getLogger(__name__)

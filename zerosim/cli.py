@@ -124,9 +124,21 @@ def _fail(message: str) -> None:
 
 def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
     from zerosim.config import load_config
+    from zerosim.runtime import apply_threads
 
     extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    return load_config(config, [*extra, *(overrides or [])], schema=schema)  # ConfigError: one line, exit 2
+    cfg = load_config(config, [*extra, *(overrides or [])], schema=schema)  # ConfigError: one line, exit 2
+    apply_threads(cfg.runtime.threads)  # before any work: this process's share of the cores
+    return cfg
+
+
+def _threads_option():
+    return typer.Option(
+        None,
+        "--threads",
+        help="torch/OpenMP threads of this server (default: the cores it may use); beside a training job "
+        "on one box, split the cores between them.",
+    )
 
 
 @app.command()
@@ -227,10 +239,14 @@ def serve_retriever(
     index: Path = typer.Option(..., "--index", help="Index directory from `zerosim index build`."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
+    threads: int = _threads_option(),
 ) -> None:
     """Serve a built index over POST /retrieve and GET /health."""
     from eval.index import load_index
+    from zerosim.runtime import apply_threads
     from zerosim.server import serve
+
+    apply_threads(threads)
 
     engine = load_index(index)
     serve(engine, host=host, port=port)
@@ -268,9 +284,13 @@ def simulator_serve(
         None, "--served-model-name", help="Name clients ask for (default: --model)."
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 (in-process server only)."),
+    threads: int = _threads_option(),
 ) -> None:
     """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
     from simulators.openai_server import start_simulator_server
+    from zerosim.runtime import apply_threads
+
+    apply_threads(threads)
 
     code = start_simulator_server(
         model, lora or [], host, port, served_model_name=served_model_name, dtype=dtype

@@ -269,6 +269,13 @@ class TrackingConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    threads: int | None = (
+        None  # torch/OpenMP threads of this process; None = the cores it may use (CPU affinity) / processes on this host (LOCAL_WORLD_SIZE)
+    )
+
+
+@dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -281,6 +288,7 @@ class TrainConfig:
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 @dataclass
@@ -305,6 +313,7 @@ class EvalConfig:
     search: SearchConfig = field(default_factory=lambda: SearchConfig(engine="bm25"))
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(temperature=0.0))
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-eval"))
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     num_sample_trajectories: int = 20  # trajectories per dataset kept as an artifact
 
 
@@ -338,6 +347,7 @@ class SimulatorCollectConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(engine="bm25"))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 @dataclass
@@ -367,6 +377,7 @@ class SimulatorTrainConfig:
     merge_lora: bool = True  # save the adapter merged into the base weights (a plain checkpoint)
     seed: int = 0  # seeds data order and initialisation
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 @dataclass
@@ -390,6 +401,7 @@ class SimulatorEvalConfig:
         default_factory=lambda: SimulatorConfig(on_short="fill", on_leak="keep")
     )
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 # Choice-valued keys and their valid values; checked after merging.
@@ -515,6 +527,7 @@ RANGES: dict[type, dict[str, str | tuple[str, str]]] = {
     },
     ValidationConfig: {"every": (">=0", "0 = off"), "max_examples": ">=1", "batch_size": ">=1"},
     TrackingConfig: {"num_sample_trajectories": ">=0", "sample_every": ">=1"},
+    RuntimeConfig: {"threads": (">=1", "null = the cores this process may use / processes on this host")},
     EvalConfig: {
         "limit": (">=1", "null = every row"),
         "batch_size": ">=1",

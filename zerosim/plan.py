@@ -143,6 +143,17 @@ def _warmstart(cfg: TrainConfig) -> str:
     return f"{w.num_examples} trajectories from {data}, {w.max_steps} steps"
 
 
+def _threads(cfg: TrainConfig) -> str:
+    from zerosim.runtime import available_cores, thread_budget
+
+    if cfg.runtime.threads is not None:
+        return f"{cfg.runtime.threads} threads each (runtime.threads)"
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return (
+        f"{thread_budget()} threads each ({available_cores()} cores here / {local} process(es) on this host)"
+    )
+
+
 def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]]:
     """The resolved job as (item, value) rows; raises what start-up would raise, before any weight loads:
     :class:`ConfigError`, ``ModelError`` (a missing local model) or ``DataError`` (a malformed, non-UTF-8 or
@@ -191,7 +202,7 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
         *_search(cfg),
         ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip [{t.epsilon:g}, {epsilon_high:g}]" + (", equal-reward groups dropped" if dynamic else "")),
         ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if t.algorithm == "ppo" else "none"),
-        ("processes", str(processes)),
+        ("processes", f"{processes}, {_threads(cfg)}"),
         ("per step", f"{trajectories} trajectories = {trajectories // t.num_generations} prompts x {t.num_generations} rollouts"),
         ("steps", f"{t.max_steps} ({t.max_steps * trajectories // t.num_generations} prompts in all)"),
         ("rollout", f"<= {r.max_turns} turns, {r.max_new_tokens} tokens/turn, {r.max_obs_tokens} tokens/observation, {r.max_completion_tokens} in all"),

@@ -281,6 +281,9 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
     require_vllm(cfg)
+    from zerosim.runtime import apply_threads
+
+    apply_threads(cfg.runtime.threads)  # this process's share of the cores, before any work
     procs = process_state()  # under `accelerate launch`: one of several ranks
     main = procs.is_main_process
     seed_everything(cfg.run.seed)
@@ -338,6 +341,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         "zerosim.job": "train",
         "zerosim.policy_init": policy_model,
         "zerosim.processes": str(procs.num_processes),
+        "zerosim.threads": str(torch.get_num_threads()),  # what this process computes with (runtime.threads)
     }
     # one MLflow run per job: the main process owns it (TRL's callback logs from the main process only)
     tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) if main else nullcontext()

@@ -1,0 +1,73 @@
+"""Threads: each process computes with its share of the cores (runtime.threads), never all cores each."""
+
+from __future__ import annotations
+
+import pytest
+
+from zerosim.runtime import apply_threads, available_cores, thread_budget
+
+
+@pytest.fixture
+def restore_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_budget_is_the_affinity_split_among_local_ranks(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert available_cores() == 4 and thread_budget() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # accelerate launch / torchrun, 2 ranks on this host
+    assert thread_budget() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert thread_budget() == 1  # never 0
+    assert thread_budget(3) == 3  # runtime.threads wins
+    with pytest.raises(ValueError, match="runtime.threads must be >= 1"):
+        thread_budget(0)
+
+
+def test_apply_sets_torch_and_the_openmp_env(monkeypatch, restore_threads):
+    import os
+
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert apply_threads(1) == 1
+    assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--dry-run", "runtime.threads=1"],
+        [
+            "eval",
+            "--limit",
+            "1",
+            "runtime.threads=1",
+            "--policy",
+            "no/such/checkpoint",
+        ],  # fails after loading
+    ],
+    ids=["train", "eval"],
+)
+def test_a_command_started_with_one_thread_computes_with_one(args, tmp_path, monkeypatch, restore_threads):
+    import torch
+    from typer.testing import CliRunner
+
+    from zerosim.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    torch.set_num_threads(2)
+    CliRunner().invoke(app, args)
+    assert torch.get_num_threads() == 1
+
+
+def test_a_threads_value_below_one_is_refused():
+    from zerosim.config import ConfigError, TrainConfig, load_config
+
+    with pytest.raises(ConfigError, match="runtime.threads must be >= 1"):
+        load_config(None, ["runtime.threads=0"], schema=TrainConfig)
