@@ -193,7 +193,23 @@ def test_resume_accepts_its_own_run_and_the_fields_a_resume_may_change(finished_
         and run_id == json.loads((folder / "mlflow_run.json").read_text())["run_id"]
     )
     cfg.trainer.max_steps, cfg.trainer.save_steps, cfg.tracking.experiment = 10, 5, "elsewhere"
+    cfg.search.http.read_timeout, cfg.search.simulator.url = (
+        600.0,
+        "http://other:8001",
+    )  # servers moved, slower
+    cfg.runtime.threads, cfg.trainer.logging_steps = 1, 2
     assert resume_point(cfg, folder)[0] == checkpoint
+
+
+def test_resume_refuses_a_store_that_does_not_hold_the_run(finished_run, tmp_path):
+    from zerosim.train import resume_point
+
+    folder, cfg = finished_run
+    cfg.tracking.tracking_uri = f"sqlite:///{tmp_path / 'other.db'}"
+    with pytest.raises(
+        ConfigError, match="is not in sqlite:///.*other.db: resume with the tracking.tracking_uri"
+    ):
+        resume_point(cfg, folder)
 
 
 def test_resume_refuses_a_checkpoint_trained_with_another_config(finished_run):
@@ -247,3 +263,47 @@ def test_a_state_file_holding_code_is_refused_not_run(tmp_path):
     with pytest.raises(ConfigError, match="tensors and plain values"):
         train_module.ZerosimState(None, [None], run_id="d" * 32, config={}).load(checkpoint)
     assert not marker.exists()
+
+
+def _checkpoint(folder: Path, step: int, state: dict | None, files: dict[str, bytes] | None = None) -> Path:
+    """A hand-made ``checkpoint-<step>``: trainer_state.json, ``files``, and our state file (``None``: empty)."""
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text("{}")
+    for name, data in (files or {}).items():
+        (path / name).write_bytes(data)
+    if state is None:
+        (path / "zerosim_state.pt").write_bytes(b"")
+    else:
+        torch.save(state, path / "zerosim_state.pt")
+    return path
+
+
+def test_an_unreadable_state_file_falls_back_to_the_checkpoint_before(tmp_path):
+    """A machine crash can leave a renamed but empty state file: that checkpoint is skipped, not a crash."""
+    from zerosim.checkpoint import last_complete_checkpoint
+
+    good = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, {"model.bin": b"abc"})
+    _checkpoint(tmp_path, 2, None, {"model.bin": b"abc"})
+    assert last_complete_checkpoint(tmp_path) == good
+
+
+def test_rotation_keeps_the_last_complete_checkpoint_when_the_new_one_is_not(tmp_path):
+    """save_total_limit=1: a new checkpoint whose listed files are not all there (another rank still writing,
+    a short write) does not make the previous one deletable."""
+    from zerosim.checkpoint import ZerosimState, last_complete_checkpoint
+
+    good = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, {"model.bin": b"abc"})
+    _checkpoint(tmp_path, 2, {"global_step": 2, "files": {"model.bin": 3}}, {"model.bin": b"ab"})  # short
+    ZerosimState(None, [None], run_id="r", config={}, keep=1).rotate(tmp_path, newest=2)
+    assert good.is_dir() and last_complete_checkpoint(tmp_path) == good
+
+
+def test_a_checkpoint_of_an_older_zerosim_is_refused_saying_so(tmp_path):
+    from zerosim.checkpoint import resume_point
+
+    folder = tmp_path / "run"
+    _checkpoint(folder, 1, {"global_step": 1})  # no run id, no config: what earlier versions wrote
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "e" * 32}))
+    with pytest.raises(ConfigError, match="saved by an older zerosim"):
+        resume_point(_cfg(tmp_path, "run.resume=true"), folder)

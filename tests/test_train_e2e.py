@@ -127,11 +127,12 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
         "search/noisy_doc_share",
         "time/reward_s",
         "time/update_s",
+        "time/step_s",
         "rollout/step_reward_per_traj",
     ]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
     if algorithm == "ppo":
-        for key in ["critic/value_loss", "critic/explained_variance"]:
+        for key in ["critic/value_loss", "critic/explained_variance", "time/critic_s"]:
             assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
         assert (tmp_path / "out" / "algo" / "critic" / "config.json").is_file()
 

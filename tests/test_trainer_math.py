@@ -2,6 +2,7 @@
 them (TRL's scoring included), KL sign, zero gradient on environment tokens, the PPO critic's micro-batches."""
 
 import math
+import time
 
 import pytest
 import torch
@@ -345,3 +346,52 @@ def test_critic_values_are_deterministic_in_train_mode(tiny_model_dir):
     first = critic(ids, torch.ones_like(ids), 5)
     assert first.shape == (2, 5) and first.abs().sum() > 0
     torch.testing.assert_close(critic(ids, torch.ones_like(ids), 5), first, rtol=0, atol=0)
+
+
+def test_phase_times_are_per_optimizer_step_sums(tmp_path, tiny_model_dir, tokenizer):
+    """time/update_s is the update time of the whole optimizer step (summed over its micro-batches, not their
+    mean), and time/step_s the step's wall time, which holds every phase measured inside it."""
+    from transformers import TrainerCallback
+
+    from zerosim.trainer import SearchTrainer
+
+    micro: list[float] = []
+
+    class Timed(SearchTrainer):
+        def training_step(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return super().training_step(*args, **kwargs)
+            finally:
+                micro.append(time.perf_counter() - started)
+
+    logged: list[dict] = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logged.append(dict(logs or {}))
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from zerosim.models import load_causal_lm
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        max_steps=1, max_completion_length=8, use_cpu=True, report_to=[], logging_steps=1, save_strategy="no",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Timed(
+        model=load_causal_lm(str(tiny_model_dir), "float32"),
+        reward_funcs=[lambda completions, **kw: [float(i % 2) for i in range(len(completions))]],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "q"}] * 4),
+        processing_class=tokenizer,
+        rollout_func=scripted_rollout,
+        callbacks=[Keep()],
+    )
+    trainer.train()
+    (step,) = [entry for entry in logged if "time/update_s" in entry]
+    assert len(micro) == 2  # two micro-batches in the one optimizer step
+    assert 0.6 * sum(micro) < step["time/update_s"] <= sum(micro)  # the mean of the two would be <= 0.5x
+    assert step["time/step_s"] >= sum(micro) - 1e-6

@@ -44,6 +44,21 @@ RESUMABLE_FIELDS = (
     "trainer.save_final",
     "tracking.",
     "runtime.",  # the machine a run continues on
+    "trainer.logging_steps",
+    "trainer.collapse_patience",
+    # where the servers are and how long to wait for them: a run killed by a timeout continues with a longer one
+    "trainer.vllm_server_url",
+    "search.http.url",
+    "search.http.connect_timeout",
+    "search.http.read_timeout",
+    "search.http.retries",
+    "search.http.max_connections",
+    "search.simulator.url",
+    "search.simulator.connect_timeout",
+    "search.simulator.read_timeout",
+    "search.simulator.retries",
+    "search.simulator.backoff",
+    "search.simulator.max_concurrency",
 )
 
 logger = logging.getLogger(__name__)
@@ -117,18 +132,38 @@ def _missing_files(checkpoint: Path, state: dict[str, Any]) -> list[str]:
     return missing
 
 
+def complete(path: Path) -> bool:
+    """Whether ``checkpoint-N`` is complete: our state file (readable), ``trainer_state.json`` and every file
+    the state lists (model, optimizer, scheduler, RNG states: written before it) at their sizes."""
+    if not ((path / STATE_FILE).is_file() and (path / "trainer_state.json").is_file()):
+        return False  # a save killed before it completed
+    try:
+        state = read_state(path, mmap=True)
+    except (RuntimeError, EOFError, OSError) as exc:  # e.g. emptied by a crash of the machine
+        logger.warning("skipping %s: its %s cannot be read (%s)", path, STATE_FILE, exc)
+        return False
+    missing = _missing_files(path, state)
+    if missing:
+        logger.warning("skipping %s: %s missing or of another size", path, ", ".join(missing))
+        return False
+    return True
+
+
 def last_complete_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete ``checkpoint-N``: our state file, ``trainer_state.json`` and every file the state
-    lists (model, optimizer, scheduler, RNG states: transformers writes them before it) at their sizes."""
+    """The newest complete ``checkpoint-N`` (:func:`complete`)."""
     for _, path in reversed(checkpoints(output_dir)):
-        if not ((path / STATE_FILE).is_file() and (path / "trainer_state.json").is_file()):
-            continue  # a save killed before it completed
-        missing = _missing_files(path, read_state(path, mmap=True))
-        if missing:
-            logger.warning("skipping %s: %s missing or of another size", path, ", ".join(missing))
-            continue
-        return path
+        if complete(path):
+            return path
     return None
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class ZerosimState(TrainerCallback):
@@ -191,6 +226,11 @@ class ZerosimState(TrainerCallback):
         return payload
 
     def on_save(self, args, state, control, **kwargs):
+        # every rank writes its own files (RNG state, ZeRO / FSDP shards) on its own schedule: wait for all of
+        # them before the file list is taken, or a half-written one would be listed (or missed)
+        trainer = self.trainer_ref[0]
+        if trainer is not None and trainer.accelerator.num_processes > 1:
+            trainer.accelerator.wait_for_everyone()
         if not state.is_world_process_zero:  # one writer; every rank holds the same curriculum and critic
             return
         output_dir = Path(args.output_dir)
@@ -199,7 +239,9 @@ class ZerosimState(TrainerCallback):
             stale.unlink()
         tmp = checkpoint / f"{_TMP_STATE}{os.getpid()}.pt"
         torch.save(self.payload(checkpoint, state.global_step), tmp)
+        _fsync(tmp)  # on disk before it makes the checkpoint complete: a power loss must not leave it empty
         os.replace(tmp, checkpoint / STATE_FILE)  # the checkpoint is complete from here
+        _fsync(checkpoint)
         self.rotate(output_dir, state.global_step)
         return control
 
@@ -213,7 +255,7 @@ class ZerosimState(TrainerCallback):
         for step, path in reversed(checkpoints(output_dir)):
             if step > newest:
                 continue  # not ours to judge: only a later save of this run writes there
-            if (path / STATE_FILE).is_file() and (self.keep < 1 or kept < self.keep):
+            if complete(path) and (self.keep < 1 or kept < self.keep):
                 kept += 1
                 continue
             remove_checkpoint(path)
@@ -287,6 +329,13 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
             "a run saves them when trainer.save_steps > 0. Start it without resume=true."
         )
     state = read_state(checkpoint, mmap=True)
+    if "run_id" not in state and "fingerprint" not in state:
+        raise CheckpointError(
+            f"{checkpoint} was saved by an older zerosim, which did not record the run and config a checkpoint "
+            "belongs to, so this version cannot check that resuming it continues the same run. Finish it with "
+            "the zerosim version that started it, or start a new run under another run.name or run.output_dir "
+            "(policy.model can point at that checkpoint to start from its weights)."
+        )
     if state.get("run_id") != run_id:
         saved_by = state.get("run_id") or "no run (an older zerosim did not record it)"
         raise CheckpointError(
@@ -309,4 +358,20 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
             "(a resume may change only run.name/output_dir, trainer.max_steps, trainer.save_*, tracking.*), "
             "or start a new run under another run.name or run.output_dir."
         )
+    _check_tracked(cfg, run_id)
     return checkpoint, run_id
+
+
+def _check_tracked(cfg: TrainConfig, run_id: str) -> None:
+    """The MLflow run a resume continues must be in the configured store (every rank checks, before any
+    weight loads, so no rank waits on one that failed)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient(tracking_uri=cfg.tracking.tracking_uri).get_run(run_id)
+    except MlflowException as exc:
+        raise CheckpointError(
+            f"MLflow run {run_id} (the run this job continues) is not in {cfg.tracking.tracking_uri}: resume "
+            "with the tracking.tracking_uri the run was started with"
+        ) from exc

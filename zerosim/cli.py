@@ -3,6 +3,8 @@
 A mistake of the user's — a bad config value or file, a malformed data row, a missing model or index, a
 search backend that cannot be reached — ends the command with one line on stderr naming the problem and the
 fix, and exit code 2; ``--debug`` (anywhere on the line) or ``ZEROSIM_DEBUG=1`` prints the traceback too.
+A ``ValueError`` raised by a library rather than by zerosim (possibly a bug) always shows its traceback above
+that line; anything else (``RuntimeError`` …) is a bug and ends in its traceback.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ class ZerosimGroup(TyperGroup):
         except Exception as exc:
             if not _user_error(exc):
                 raise
-            debug = ZerosimGroup.debug or _debug_env()
-            if debug:
+            # a library's ValueError may be a bug hours into a run: its traceback is always shown (one line
+            # alone would mean re-running the job with --debug to see where it came from)
+            shown = ZerosimGroup.debug or _debug_env() or not (_ours(exc) or isinstance(exc, OSError))
+            if shown:
                 traceback.print_exception(exc, file=sys.stderr)
-            _fail(error_line(exc, debug))
+            _fail(error_line(exc, shown))
 
 
 app = typer.Typer(

@@ -27,7 +27,12 @@ def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
 def check_noise_config(cfg: SearchConfig, curriculum: CurriculumConfig) -> None:
     """What :func:`check_noise` can tell from the config alone (``--dry-run``, before any engine is built):
     a noisy curriculum over a real retriever with ``search.negatives=none``."""
-    if curriculum_adds_noise(curriculum) and cfg.engine != "simulator" and cfg.negatives == "none":
+    # (over http, negatives=none leaves the slots to the engine behind the server: its /health decides)
+    if (
+        curriculum_adds_noise(curriculum)
+        and cfg.engine in ("bm25", "dense", "hybrid")
+        and cfg.negatives == "none"
+    ):
         _refuse(cfg, f"search.negatives=none leaves the {cfg.engine} retriever's noisy slots unfilled")
 
 

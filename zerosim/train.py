@@ -296,6 +296,11 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)
+    # the engine before the policy (and a warm start): a damaged index, a server that is down or cannot
+    # honour the curriculum's noise stops the job before any policy weight loads
+    engine = build_search_engine(
+        cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype, noise=curriculum_adds_noise(cfg.curriculum)
+    )
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:
         if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):
@@ -307,9 +312,6 @@ def train(cfg: TrainConfig) -> TrainResult:
         policy_model = str(warmstart_checkpoint(cfg, output_dir))
     tokenizer = load_tokenizer(policy_model)
     policy = load_causal_lm(policy_model, cfg.policy.dtype)
-    engine = build_search_engine(
-        cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype, noise=curriculum_adds_noise(cfg.curriculum)
-    )
     c = cfg.curriculum
     schedule = build_schedule(
         c.schedule,

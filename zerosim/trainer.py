@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from zerosim.algorithms import (
@@ -150,6 +151,22 @@ class Critic(torch.nn.Module):
         return scores[:, -completion_length - 1 : -1].float()
 
 
+class _StepClock(TrainerCallback):
+    """``time/step_s``: wall time of each optimizer step, from its start to its end (validation included)."""
+
+    def __init__(self, trainer: SearchTrainer):
+        self.trainer = trainer
+        self.started: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is not None:
+            self.trainer._add_time("step", time.perf_counter() - self.started)
+            self.started = None
+
+
 class SearchTrainer(GRPOTrainer):
     """``GRPOTrainer`` with ``algorithm`` in grpo | dr_grpo | dapo | rloo | reinforce | reinforce_pp | ppo."""
 
@@ -198,6 +215,9 @@ class SearchTrainer(GRPOTrainer):
             critic.to(self.accelerator.device)
             self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_learning_rate)
         self._last_rewards: torch.Tensor | None = None
+        self._phase_seconds: dict[str, float] = {}  # time/<phase>_s accumulated since the last log
+        self._phase_logged_at = 0
+        self.add_callback(_StepClock(self))
 
     # -- rewards: keep what TRL's advantage computation sees -------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -208,13 +228,29 @@ class SearchTrainer(GRPOTrainer):
         self._last_rewards = rewards
         return rewards_per_func
 
+    # -- where a step's time goes: time/<phase>_s, seconds per optimizer step ------------------------------
+    # update (forward + backward of every micro-batch, less the scoring done inside them), logprob (no-grad
+    # log-prob passes while scoring: old policy, reference), critic (PPO: values, GAE, critic update), save
+    # (the checkpoint written after the previous logged step), step (wall time from the step's start to its
+    # end, validation included, logging and saving not). Summed over micro-batches, divided by the optimizer
+    # steps since the last log. The rollout logs time/generate_s and time/search_s, the reward time/reward_s.
+    def _add_time(self, phase: str, seconds: float) -> None:
+        self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + seconds
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training and self._phase_seconds:
+            steps = max(1, self.state.global_step - self._phase_logged_at)
+            logs.update({f"time/{phase}_s": sec / steps for phase, sec in self._phase_seconds.items()})
+            self._phase_seconds.clear()
+            self._phase_logged_at = self.state.global_step
+        super().log(logs, start_time)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         """Times the update: the micro-step minus the rollout and scoring done inside it (``time/update_s``)."""
         started = time.perf_counter()
         self._scoring_seconds = 0.0
         loss = super().training_step(model, inputs, num_items_in_batch)
-        update = time.perf_counter() - started - self._scoring_seconds
-        self._metrics["train"]["time/update_s"].append(update)
+        self._add_time("update", time.perf_counter() - started - self._scoring_seconds)
         return loss
 
     def _generate_and_score_completions(self, inputs):
@@ -223,6 +259,22 @@ class SearchTrainer(GRPOTrainer):
             return self._score(inputs)
         finally:
             self._scoring_seconds = getattr(self, "_scoring_seconds", 0.0) + time.perf_counter() - started
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        if torch.is_grad_enabled():  # the loss's own forward: part of the update
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        finally:
+            self._add_time("logprob", time.perf_counter() - started)
+
+    def _save_checkpoint(self, model, trial):
+        started = time.perf_counter()
+        try:
+            return super()._save_checkpoint(model, trial)
+        finally:
+            self._add_time("save", time.perf_counter() - started)
 
     def _score(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -236,7 +288,9 @@ class SearchTrainer(GRPOTrainer):
         elif self.algorithm == "reinforce_pp":
             output.update(self._reinforce_pp_advantages(output, rewards[start : start + local]))
         elif self.algorithm == "ppo":
+            started = time.perf_counter()
             output.update(self._ppo_advantages(output, rewards[start : start + local]))
+            self._add_time("critic", time.perf_counter() - started)
         if self.dynamic_sampling:
             self._drop_uniform_groups(output, rewards, start)
         if self.algorithm not in ("grpo", "dr_grpo", "dapo"):

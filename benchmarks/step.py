@@ -1,0 +1,112 @@
+"""Where a training step's time goes (on demand, not CI):
+
+    python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [key=value ...]
+
+Runs ``--steps`` real training steps of a recipe (``zerosim.train.train``: the same code as ``zerosim
+train``) ``--repeats`` times and prints, per phase, the seconds per optimizer step — the median over repeats
+of each run's mean over its steps — and its share of the step:
+
+- generate (policy tokens), search (simulator or retriever), reward, logprob (no-grad log-prob passes:
+  old policy / reference), update (forward + backward of every micro-batch and the optimizer step), critic
+  (PPO), validation, and other (the rest of the step: data, TRL's bookkeeping);
+- tokens/s of generation (policy tokens sampled per second of ``generate``) and of the update (prompt and
+  completion tokens per second of ``update``).
+
+The figures are the run's own ``time/*`` metrics (docs/metrics.md), read back from its MLflow run, so what
+this prints is what a user sees in the MLflow UI. Checkpoints are off (``trainer.save_steps=0``,
+``trainer.save_final=false``); a recipe's warm start is trained once into ``--out`` and reused by every repeat.
+Measure on a quiet machine only (``uptime``: load average under 0.5; nothing else running): two torch
+processes on 2 cores slow each other several-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PHASES = ("generate", "search", "reward", "logprob", "update", "critic", "validation")
+
+
+def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: int) -> dict[str, float]:
+    """One training run; returns seconds per step of each phase (mean over its steps) and token counts."""
+    import mlflow
+
+    from zerosim.config import load_config
+    from zerosim.train import train
+
+    db = Path(tempfile.mkdtemp(prefix="bench-step-")) / "mlflow.db"
+    cfg = load_config(
+        config,
+        [
+            f"trainer.max_steps={steps}",
+            "trainer.save_steps=0",
+            "trainer.save_final=false",
+            f"run.output_dir={out}",
+            f"tracking.tracking_uri=sqlite:///{db}",
+            "tracking.experiment=bench-step",
+            *overrides,
+        ],
+    )
+    result = train(cfg)
+    client = mlflow.MlflowClient()
+
+    def per_step(key: str) -> dict[int, float]:
+        return {m.step: m.value for m in client.get_metric_history(result.run_id, key)}
+
+    step_s = per_step("time/step_s")
+    if not step_s:
+        raise SystemExit("the run logged no time/step_s: is trainer.logging_steps > max_steps?")
+    figures = {"step": statistics.fmean(step_s.values())}
+    for phase in PHASES:
+        values = per_step(f"time/{phase}_s")
+        # validation runs at a few steps only: its cost spread over every step, as the run pays it
+        figures[phase] = sum(values.get(s, 0.0) for s in step_s) / len(step_s)
+    trajectories = (
+        cfg.trainer.per_device_train_batch_size * cfg.trainer.gradient_accumulation_steps
+    )  # per process
+    policy_tokens = per_step("rollout/policy_tokens_per_traj")
+    figures["generated_tokens"] = statistics.fmean(policy_tokens.values()) * trajectories
+    num_tokens = sorted(per_step("num_tokens").items())  # TRL: cumulative prompt + completion tokens
+    deltas = [b - a for (_, a), (_, b) in zip([(0, 0.0), *num_tokens[:-1]], num_tokens, strict=True)]
+    figures["update_tokens"] = statistics.fmean(deltas) if deltas else 0.0
+    print(f"  repeat {repeat}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, help="recipe, e.g. configs/demo-learning.yaml")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="runs; the median of each figure is printed")
+    parser.add_argument("--out", default="outputs/bench-step", help="run folder (the warm start is reused)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.algorithm=ppo")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"load average {load:.2f}" + ("  (not quiet: figures will be slow)" if load >= 0.5 else ""))
+    runs = [
+        run_once(args.config, args.steps, args.overrides, Path(args.out), i + 1) for i in range(args.repeats)
+    ]
+    med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    step = med["step"]
+    other = max(0.0, step - sum(med[p] for p in PHASES))
+    print(f"\n{args.config} {' '.join(args.overrides)}: {args.steps} steps x {args.repeats} repeats (median)")
+    print(f"  {'phase':<12}{'s/step':>10}{'share':>9}")
+    for phase in (*PHASES, "other"):
+        seconds = other if phase == "other" else med[phase]
+        print(f"  {phase:<12}{seconds:>10.2f}{seconds / step:>9.0%}")
+    print(f"  {'step':<12}{step:>10.2f}{1:>9.0%}")
+    if med["generate"] > 0:
+        print(f"  generation: {med['generated_tokens'] / med['generate']:.1f} policy tokens/s")
+    if med["update"] > 0:
+        print(f"  update: {med['update_tokens'] / med['update']:.1f} tokens/s (prompt + completion)")
+
+
+if __name__ == "__main__":
+    main()
