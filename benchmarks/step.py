@@ -8,7 +8,8 @@ of each run's mean over its steps — and its share of the step:
 
 - generate (policy tokens), search (simulator or retriever), reward, logprob (no-grad log-prob passes:
   old policy / reference), update (forward + backward of every micro-batch and the optimizer step), critic
-  (PPO), validation, and other (the rest of the step: data, TRL's bookkeeping);
+  (PPO) and other (the rest of the step: data, TRL's bookkeeping) — together the step; then validation, which
+  runs beside the steps (at the start, every ``validation.every`` steps and at the end), spread over them;
 - tokens/s of generation (policy tokens sampled per second of ``generate``) and of the update (prompt and
   completion tokens per second of ``update``).
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PHASES = ("generate", "search", "reward", "logprob", "update", "critic", "validation")
+PHASES = ("generate", "search", "reward", "logprob", "update", "critic")  # inside time/step_s
 
 
 def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: int) -> dict[str, float]:
@@ -62,10 +63,14 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: i
     if not step_s:
         raise SystemExit("the run logged no time/step_s: is trainer.logging_steps > max_steps?")
     figures = {"step": statistics.fmean(step_s.values())}
-    for phase in PHASES:
+    for phase in (*PHASES, "validation"):
         values = per_step(f"time/{phase}_s")
-        # validation runs at a few steps only: its cost spread over every step, as the run pays it
-        figures[phase] = sum(values.get(s, 0.0) for s in step_s) / len(step_s)
+        # validation runs at a few steps only (and at the start): its cost spread over the steps, as a run pays it
+        figures[phase] = (
+            sum(values.values()) / len(step_s)
+            if phase == "validation"
+            else statistics.fmean(values.get(s, 0.0) for s in step_s)
+        )
     trajectories = (
         cfg.trainer.per_device_train_batch_size * cfg.trainer.gradient_accumulation_steps
     )  # per process
@@ -102,6 +107,9 @@ def main() -> None:
         seconds = other if phase == "other" else med[phase]
         print(f"  {phase:<12}{seconds:>10.2f}{seconds / step:>9.0%}")
     print(f"  {'step':<12}{step:>10.2f}{1:>9.0%}")
+    print(
+        f"  {'+ validation':<12}{med['validation']:>10.2f}{med['validation'] / step:>9.0%}  (its passes spread over the steps)"
+    )
     if med["generate"] > 0:
         print(f"  generation: {med['generated_tokens'] / med['generate']:.1f} policy tokens/s")
     if med["update"] > 0:

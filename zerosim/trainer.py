@@ -152,7 +152,8 @@ class Critic(torch.nn.Module):
 
 
 class _StepClock(TrainerCallback):
-    """``time/step_s``: wall time of each optimizer step, from its start to its end (validation included)."""
+    """``time/step_s``: wall time of each optimizer step, from its start to its end (the first ``on_step_end``:
+    validation, logging and saving come after it)."""
 
     def __init__(self, trainer: SearchTrainer):
         self.trainer = trainer
@@ -217,7 +218,8 @@ class SearchTrainer(GRPOTrainer):
         self._last_rewards: torch.Tensor | None = None
         self._phase_seconds: dict[str, float] = {}  # time/<phase>_s accumulated since the last log
         self._phase_logged_at = 0
-        self.add_callback(_StepClock(self))
+        # first in line, so its on_step_end runs before validation's: time/step_s is the training step alone
+        self.callback_handler.callbacks.insert(0, _StepClock(self))
 
     # -- rewards: keep what TRL's advantage computation sees -------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -232,7 +234,7 @@ class SearchTrainer(GRPOTrainer):
     # update (forward + backward of every micro-batch, less the scoring done inside them), logprob (no-grad
     # log-prob passes while scoring: old policy, reference), critic (PPO: values, GAE, critic update), save
     # (the checkpoint written after the previous logged step), step (wall time from the step's start to its
-    # end, validation included, logging and saving not). Summed over micro-batches, divided by the optimizer
+    # end; validation, logging and saving not). Summed over micro-batches, divided by the optimizer
     # steps since the last log. The rollout logs time/generate_s and time/search_s, the reward time/reward_s.
     def _add_time(self, phase: str, seconds: float) -> None:
         self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + seconds
