@@ -33,13 +33,33 @@ def row(name: str, *cells: str) -> None:
     print(f"  {name:<30}" + "".join(f"{c:>14}" for c in cells))
 
 
+class BatchCounts:
+    """What a loop's time goes with: ``generate`` calls, decode steps (a batch runs until its longest row
+    stops, so a call costs its longest row's steps for every row), row-steps (rows x decode steps: what was
+    computed) and prefill tokens (left-padded width x rows: the whole context is encoded again every turn)."""
+
+    def __init__(self):
+        self.calls = self.steps = self.row_steps = self.prefill = 0
+
+    def count(self, prompts, lengths) -> None:
+        """Add one ``generate`` call: its prompts and the number of tokens each row produced."""
+        if not prompts:
+            return
+        steps = max(lengths, default=0)
+        self.calls += 1
+        self.steps += steps
+        self.row_steps += steps * len(prompts)
+        self.prefill += max(len(p) for p in prompts) * len(prompts)
+
+
 class CountingGenerator:
-    """Wraps an ``HFGenerator``: counts sampled tokens (before the cut) and kept tokens."""
+    """Wraps an ``HFGenerator``: counts sampled tokens (before the cut), kept tokens and :class:`BatchCounts`."""
 
     def __init__(self, inner):
         self.inner = inner
         self.sampled = 0
         self.kept = 0
+        self.batches = BatchCounts()
         cut = inner._cut
         pad = inner.pad_token_id
 
@@ -56,11 +76,16 @@ class CountingGenerator:
         inner._cut = counting_cut
 
     def generate(self, prompts, max_new_tokens):
-        return self.inner.generate(prompts, max_new_tokens)
+        outs = self.inner.generate(prompts, max_new_tokens)
+        self.batches.count(prompts, [len(o.token_ids) for o in outs])
+        return outs
 
 
-def zerosearch_loop(model, tokenizer, engine, questions, *, k, max_turns, budget, max_obs_tokens, seed):
-    """The baseline: fixed budget per turn, cut at the first tag afterwards, one search per trajectory."""
+def zerosearch_loop(
+    model, tokenizer, engine, questions, *, k, max_turns, budget, max_obs_tokens, seed, counts=None
+):
+    """The baseline: fixed budget per turn, cut at the first tag afterwards, one search per trajectory.
+    ``counts`` (:class:`BatchCounts`) records its calls, decode steps and prefill."""
     import torch
 
     from zerosim.generation import HFGenerator
@@ -76,7 +101,10 @@ def zerosearch_loop(model, tokenizer, engine, questions, *, k, max_turns, budget
     for turn in range(max_turns):
         if not active:
             break
-        outs = gen.generate([contexts[i] for i in active], budget)
+        batch = [contexts[i] for i in active]
+        outs = gen.generate(batch, budget)
+        if counts is not None:
+            counts.count(batch, [len(o.token_ids) for o in outs])
         still = []
         for i, out in zip(active, outs, strict=True):
             sampled += len(out.token_ids)
@@ -151,9 +179,10 @@ def main() -> None:
     useful_ours = sum(sum(t.env_mask) for t in trajectories)
 
     started = time.perf_counter()
+    zs_counts = BatchCounts()
     sampled_zs, useful_zs = zerosearch_loop(
         model, tokenizer, engine, questions, k=args.k, max_turns=args.max_turns, budget=args.budget,
-        max_obs_tokens=128, seed=args.seed,
+        max_obs_tokens=128, seed=args.seed, counts=zs_counts,
     )  # fmt: skip
     t_zs = time.perf_counter() - started
 
@@ -186,6 +215,16 @@ def main() -> None:
         f"\n  useful tokens/s ratio: {ratio:.1f}x (target >= 3x); ours past a stop tag: {100 * past_ours:.2f}% (target < 2%)"
     )
     print(f"  ours: generate {timing['generate']:.1f} s, search {timing['search']:.1f} s")
+    # what explains the times: the batch pays for its longest row at every decode step, and re-encodes contexts
+    print("\n  where the time goes        calls  decode steps  steps/s   row-steps  live share  prefill tok")
+    for name, c, seconds, live in [
+        ("ZeroSearch-style loop", zs_counts, t_zs, sampled_zs),
+        ("zerosim rollout", counting.batches, t_ours, counting.sampled),
+    ]:
+        print(
+            f"  {name:<24}{c.calls:>7}{c.steps:>14}{c.steps / seconds:>9.2f}{c.row_steps:>12}"
+            f"{live / max(c.row_steps, 1):>11.0%}{c.prefill:>13}"
+        )
 
 
 if __name__ == "__main__":
