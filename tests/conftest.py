@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random Llama with the SmolLM2 tokenizer, and an isolated MLflow store."""
+"""Shared fixtures: a tiny random Llama with the SmolLM2 tokenizer, a tiny sentence encoder."""
 
 from __future__ import annotations
 
@@ -22,3 +22,31 @@ def tokenizer(tiny_model_dir):
     from zerosim.models import load_tokenizer
 
     return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """A 1-layer 32-d BERT with random weights and the MiniLM vocabulary, saved as a sentence-transformers folder."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from eval.dense import resolve_encoder
+
+    root = tmp_path_factory.mktemp("tiny-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(root / "bert")
+    tokenizer.save_pretrained(root / "bert")
+    modules = [Transformer(str(root / "bert"), max_seq_length=128), Pooling(32, "mean")]
+    SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
+    return str(root / "st")

@@ -41,34 +41,6 @@ def _write_corpus(path: Path, rows) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory):
-    """A 1-layer 32-d BERT with random weights and the MiniLM vocabulary (as in test_index.py)."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from eval.dense import resolve_encoder
-
-    root = tmp_path_factory.mktemp("tiny-encoder")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(root / "bert")
-    tokenizer.save_pretrained(root / "bert")
-    modules = [Transformer(str(root / "bert"), max_seq_length=64), Pooling(32, "mean")]
-    SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
-    return str(root / "st")
-
-
-@pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_encoder):
     """The corpus, another corpus (the first 4 passages), and a BM25 and a dense index of the first."""
     root = tmp_path_factory.mktemp("faults-index")

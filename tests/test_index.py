@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eval.bm25 import BM25Retriever
-from eval.dense import DenseRetriever, load_encoder, resolve_encoder
+from eval.dense import DenseRetriever, load_encoder
 from eval.index import IndexMismatchError, build_index, load_index, read_manifest
 from zerosim.data.embedded import ensure_factbook
 from zerosim.data.qa import load_corpus
@@ -21,32 +21,6 @@ QUERIES = [
     SearchRequest("internet country code"),
     SearchRequest("the"),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory):
-    """A 1-layer 32-d BERT with random weights and the MiniLM vocabulary, saved as a sentence-transformers folder."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    root = tmp_path_factory.mktemp("tiny-encoder")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(root / "bert")
-    tokenizer.save_pretrained(root / "bert")
-    modules = [Transformer(str(root / "bert"), max_seq_length=128), Pooling(32, "mean")]
-    SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
-    return str(root / "st")
 
 
 def _write_corpus(path, docs):

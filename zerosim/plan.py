@@ -154,10 +154,13 @@ def _threads(cfg: TrainConfig) -> str:
     )
 
 
-def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]]:
+def plan(
+    cfg: TrainConfig, processes: int | None = None, resume: tuple[Path | None, str | None] | None = None
+) -> list[tuple[str, str]]:
     """The resolved job as (item, value) rows; raises what start-up would raise, before any weight loads:
     :class:`ConfigError`, ``ModelError`` (a missing local model) or ``DataError`` (a malformed, non-UTF-8 or
-    empty data file: data.train, validation.data, warmstart.data — every row is read)."""
+    empty data file: data.train, validation.data, warmstart.data — every row is read). ``resume``: the
+    :func:`~zerosim.checkpoint.resume_point` the caller already took (``train`` does, before this)."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
@@ -185,7 +188,7 @@ def plan(cfg: TrainConfig, processes: int | None = None) -> list[tuple[str, str]
 
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
-    checkpoint, run_id = resume_point(cfg, output_dir)
+    checkpoint, run_id = resume if resume is not None else resume_point(cfg, output_dir)
     run = f"{cfg.run.name} -> {output_dir}"
     if checkpoint is not None:
         run += f", resumes {checkpoint.name} of MLflow run {run_id}"

@@ -292,7 +292,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     checkpoint_in, run_id = resume_point(cfg, output_dir)
     from zerosim.plan import plan
 
-    plan(cfg, procs.num_processes)  # what --dry-run checks, before any weight loads: data files, paths, URLs
+    # what --dry-run checks, before any weight loads: data files, paths, URLs
+    plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
 
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)

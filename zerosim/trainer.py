@@ -75,8 +75,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
     "ppo": Algorithm("dapo"),
 }
-# Our algorithm names → the TRL loss type that aggregates the per-token surrogate.
-LOSS_TYPES = {name: a.loss_type for name, a in ALGORITHMS.items()}
 # Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
 # token-level mean (zeroed rows then leave the denominator too).
 DYNAMIC_SAMPLING = ("dapo", "rloo")
