@@ -84,16 +84,31 @@ class TransformersBackend:
             ``False`` takes prompts as raw text (the OpenAI server's case: its clients send formatted text).
         model_id: the name recorded in :meth:`describe` (cache keys); defaults to the model's
             ``name_or_path``.
+        batch_invariant: decode each prompt exactly as if it were alone in its call
+            (``zerosim.decode.decode_invariant``): bit-exact documents whatever the batch, at about half the
+            speed. Off, a batched call can differ from one call per prompt only by float rounding that
+            depends on the batch (greedy SmolLM2 in float32: the same text for all 16 requests of
+            ``benchmarks/simulator.py``; in bfloat16, 14 of 16).
     """
 
     kind = "transformers"
 
-    def __init__(self, model, tokenizer, *, apply_chat_template: bool = True, model_id: str | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        apply_chat_template: bool = True,
+        model_id: str | None = None,
+        batch_invariant: bool = False,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
         self.model_id = model_id or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
-        self.generator = HFGenerator(model, tokenizer, logprobs=False)  # documents need text only
+        self.batch_invariant = batch_invariant
+        # documents need text only
+        self.generator = HFGenerator(model, tokenizer, logprobs=False, batch_invariant=batch_invariant)
         self._lock = threading.Lock()  # one generate at a time: the model and the generator are shared
 
     @classmethod
@@ -105,7 +120,10 @@ class TransformersBackend:
 
     def describe(self) -> dict[str, str]:
         template = getattr(self.tokenizer, "chat_template", None) if self.apply_chat_template else None
-        return {"backend": self.kind, "model": self.model_id, "chat_template": _fingerprint(template)}
+        described = {"backend": self.kind, "model": self.model_id, "chat_template": _fingerprint(template)}
+        if self.batch_invariant:
+            described["batch_invariant"] = "true"
+        return described
 
     def encode(self, prompt: str) -> list[int]:
         if self.apply_chat_template:

@@ -121,9 +121,12 @@ class LLMSimulator:
         self.stats: Counter[str] = Counter()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: str = "auto", **kwargs: Any) -> LLMSimulator:
+    def from_pretrained(
+        cls, name_or_path: str, dtype: str = "auto", *, batch_invariant: bool = False, **kwargs: Any
+    ) -> LLMSimulator:
         """An in-process simulator on a local checkpoint, HF id or ``smollm2``."""
-        return cls(TransformersBackend.from_pretrained(name_or_path, dtype), **kwargs)
+        backend = TransformersBackend.from_pretrained(name_or_path, dtype, batch_invariant=batch_invariant)
+        return cls(backend, **kwargs)
 
     @classmethod
     def from_openai(cls, base_url: str, model: str, **kwargs: Any) -> LLMSimulator:
@@ -292,10 +295,17 @@ class LLMSimulator:
         if not texts:
             # Nothing parseable came back: say so once, explicitly, instead of an empty observation.
             self.stats["empty_results"] += 1
-            return [Document(id=f"sim-{i}-empty", title=req.query, text=EMPTY_RESULT_TEXT, noisy=pattern[0])]
+            return [
+                Document(
+                    id=document_id(req.query, "empty", EMPTY_RESULT_TEXT),
+                    title=req.query,
+                    text=EMPTY_RESULT_TEXT,
+                    noisy=pattern[0],
+                )
+            ]
         return [
             Document(
-                id=f"sim-{i}-{slot}",
+                id=document_id(req.query, slot, texts.get(slot, MISSING_DOC_TEXT)),
                 title=req.query,
                 text=texts.get(slot, MISSING_DOC_TEXT),
                 noisy=pattern[slot],
@@ -316,6 +326,15 @@ def _merge(jobs: Sequence[_Job]) -> list[_Job]:
 
 _BODY_FIELDS = {"query": "q", "k": 3, "words": 30, "context": ""}
 _CONTEXT_FIELDS = {"question": "q", "answers": "a"}
+
+
+def document_id(query: str, slot: int | str, text: str) -> str:
+    """``sim-<digest>-<slot>``: a simulated document's id, from what it is (query, slot, text), never from
+    where its request sat in a call: one request alone or in a batch gets the same ids, and two different
+    documents written at the same place in two calls do not share one (step rewards count an id seen
+    before as a repeat)."""
+    digest = hashlib.sha256(f"{query}\x1f{slot}\x1f{text}".encode()).hexdigest()[:12]
+    return f"sim-{digest}-{slot}"
 
 
 def load_prompts(path: str | Path) -> SimulatorPrompts:

@@ -251,7 +251,7 @@ def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, m
     probe = HFGenerator(model, tokenizer, temperature=0.0).generate([[1, 2, 3]], 1)[0]
     stop = tokenizer.decode(probe.token_ids).strip() or tokenizer.decode(probe.token_ids)
     for _ in range(3):  # e.g. one generator per training step
-        gen = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop])
+        gen = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop], decoder="transformers")
         (out,) = gen.generate([[1, 2, 3]], 8)
         assert out.finish == "stop" and len(out.token_ids) == 1
     assert len(built) == 1

@@ -82,6 +82,7 @@ class SimulatorConfig:
     max_concurrency: int = (
         1  # backend=openai: most concurrent requests per search call (1 = one request carries all)
     )
+    batch_invariant: bool = False  # backend=transformers: each prompt decoded as if alone (slower; bit-exact)
     cache: bool = False  # cache results (in-memory LRU; plus sqlite when cache_path is set)
     cache_size: int = 10000  # results kept in memory by the cache
     cache_path: str | None = None  # sqlite file shared across runs; None = memory only

@@ -175,7 +175,9 @@ def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
                 **options,
             )
         else:
-            engine = LLMSimulator.from_pretrained(sim.model, dtype=dtype, **options)
+            engine = LLMSimulator.from_pretrained(
+                sim.model, dtype=dtype, batch_invariant=sim.batch_invariant, **options
+            )
         if sim.cache:
             engine = CachedSearchEngine(engine, max_entries=sim.cache_size, sqlite_path=sim.cache_path)
         return engine

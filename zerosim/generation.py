@@ -22,6 +22,17 @@ from dataclasses import dataclass
 
 import torch
 
+from zerosim.decode import (
+    PrefixStore,
+    attention_implementation,
+    decode,
+    decode_invariant,
+    register_attention,
+    supports_fast_decode,
+)
+
+DECODERS = ("zerosim", "transformers")  # zerosim.decode's loop | transformers generate
+
 # tokenizer -> {stop strings: StopStringCriteria}. transformers builds the criterion (a pass over the whole
 # vocabulary, ~1 s for SmolLM2's 49k tokens) on every ``generate`` call that names ``stop_strings``, and its
 # own cache misses because ``get_vocab()`` does not keep one order; the criterion is stateless, so one per
@@ -63,8 +74,21 @@ class HFGenerator:
         eos_token_ids: Sequence[int] | None = None,
         logprobs: bool = True,
         collective: bool = False,
+        decoder: str = "zerosim",
+        reuse_prefix: bool = True,
+        batch_invariant: bool = False,
     ):
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
         self.model = model
+        # zerosim's loop (zerosim.decode) unless the model needs generate, or ranks sync decoding steps
+        self.decoder = decoder if not collective and supports_fast_decode(model) else "transformers"
+        # each row computed as if decoded alone (zerosim.decode.decode_invariant): a batched call writes
+        # what one call per prompt writes; the simulator's choice, not the policy's
+        self.batch_invariant = batch_invariant and self.decoder == "zerosim"
+        # zerosim's loop keeps the last call's rows cached: a multi-turn context is not encoded again
+        reuse = reuse_prefix and self.decoder == "zerosim" and not self.batch_invariant
+        self.store = PrefixStore(model) if reuse else None
         self.collective = collective  # transformers syncs decoding steps across ranks (ZeRO-3 / FSDP)
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer
@@ -92,6 +116,8 @@ class HFGenerator:
             return []
         if max_new_tokens < 1:
             return [Generation([], [], "length") for _ in prompts]
+        if self.decoder == "zerosim":
+            return self._decode(prompts, max_new_tokens)
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -143,6 +169,29 @@ class HFGenerator:
             dim=1,
         )
         return [self._cut(new_tokens[row].tolist(), token_logps[row].tolist()) for row in range(len(prompts))]
+
+    def _decode(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            options = dict(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                eos_token_ids=self.eos_token_ids,
+                stop_strings=self.stop_strings,
+                pad_token_id=self.pad_token_id,
+                logprobs=self.logprobs,
+            )
+            with attention_implementation(self.model, register_attention()):
+                if self.batch_invariant:
+                    rows = decode_invariant(self.model, self.tokenizer, prompts, max_new_tokens, **options)
+                else:
+                    rows = decode(
+                        self.model, self.tokenizer, prompts, max_new_tokens, store=self.store, **options
+                    )
+        finally:
+            self.model.train(was_training)
+        return [self._cut(ids, logps) for ids, logps in rows]
 
     def _cut(self, ids: list[int], logps: list[float]) -> Generation:
         return cut_at_stop(ids, logps, self.tokenizer, self.stop_strings, self.eos_token_ids)

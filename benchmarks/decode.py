@@ -1,0 +1,188 @@
+"""Policy decode speed (on demand, not CI): ``python benchmarks/decode.py [--policy CHECKPOINT]``.
+
+The rollout's generation, our decoding loop (``zerosim.decode``, the default) against transformers
+``generate`` (``HFGenerator(decoder="transformers")``, what the rollout ran before), printed side by side
+from one run: 16 factbook questions at batch 16, the multi-turn rollout (``SearchRollout.run``: stop
+strings, log-probs, BM25 observations between turns), the same prompts for both.
+
+- **greedy**: both write the same tokens (checked), so the times compare the same work;
+- **sampled** (temperature 1.0, the rollout's default): 3 seeds, both decoders per seed; rows that leave
+  the batch change which draws the others get, so the work differs a little: compared per policy token.
+
+The headline ``decode speed-up over transformers generate`` is the sampled tokens/s ratio (median of the
+seeds). ``share of bound``: the time this machine needs at least for the same tokens — each decode step
+reads every weight once (at the measured copy bandwidth) or does 2 x params FLOPs per live row (at the
+measured matmul rate), whichever is longer, and every other token is encoded once at the matmul rate
+(attention FLOPs not counted) — over the measured time.
+
+Measure on a quiet machine (load average < 0.5 at the start), nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DECODERS = ("transformers", "zerosim")
+
+
+def machine_rates() -> tuple[float, float]:
+    """(copy bandwidth in bytes/s, fp32 matmul FLOP/s), median of 5, at this process's thread count."""
+    import torch
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    src = torch.empty(64 * 2**20)
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() * 4 / best(lambda: dst.copy_(src))  # read + write
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    flops = 2 * 2048**3 / best(lambda: a @ b)
+    return bandwidth, flops
+
+
+class Recorder:
+    """Wraps a generator: records each call's prompts and output lengths (the work done)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[list[tuple[int, ...]], list[int]]] = []  # (prompt + output, output length)
+
+    def generate(self, prompts, max_new_tokens, width=None):
+        outs = self.inner.generate(prompts, max_new_tokens)
+        rows = [tuple(p) + tuple(o.token_ids) for p, o in zip(prompts, outs, strict=True)]
+        self.calls.append((rows, [len(o.token_ids) for o in outs]))
+        return outs
+
+    def bound(self, params: int, bandwidth: float, flops: float) -> float:
+        """Seconds this machine needs at least for the tokens of these calls (see the module doc)."""
+        seconds, fed_in_steps = 0.0, 0
+        for _, lengths in self.calls:
+            for step in range(max(lengths, default=0) - 1):  # a row's last sampled token is never fed
+                live = sum(1 for n in lengths if n > step + 1)
+                seconds += max(params * 4 / bandwidth, 2 * params * live / flops)
+                fed_in_steps += live
+        return seconds + 2 * params * max(self.distinct_tokens() - fed_in_steps, 0) / flops
+
+    def distinct_tokens(self) -> int:
+        """Tokens fed at least once: each row's prompt + output (less its last token), counted with the row
+        of the next call that continues it where there is one."""
+        total = 0
+        for call, (rows, _) in enumerate(self.calls):
+            following = self.calls[call + 1][0] if call + 1 < len(self.calls) else []
+            for row in rows:
+                if not any(len(f) > len(row) and f[: len(row)] == row for f in following):
+                    total += len(row) - 1
+        return total
+
+
+def run_rollout(rollout, generator, prompts, seed: int):
+    import torch
+
+    recorder = Recorder(generator)
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    trajectories, _ = rollout.run(recorder, prompts, step=0)
+    seconds = time.perf_counter() - started
+    policy_tokens = sum(sum(t.env_mask) for t in trajectories)
+    return seconds, policy_tokens, trajectories, recorder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--policy", default="outputs/demo/warmstart/final", help="a policy that speaks the tags"
+    )
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    if not Path(args.policy).is_dir() and args.policy != "smollm2":
+        raise SystemExit(
+            f"policy {args.policy} not found: run `zerosim policy warmstart --config configs/demo-learning.yaml` "
+            "first and pass --policy OUTPUT_DIR/NAME/warmstart/final (or --policy smollm2)"
+        )
+
+    import torch
+
+    from curricula import ConstantSchedule
+    from zerosim.config import RolloutConfig, SearchConfig
+    from zerosim.data.embedded import load_questions
+    from zerosim.engines import build_search_engine
+    from zerosim.generation import HFGenerator
+    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
+
+    questions = load_questions("factbook", "dev", limit=args.questions)
+    tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)
+    params = sum(p.numel() for p in model.parameters())
+    engine = build_search_engine(SearchConfig(engine="bm25"))
+    prompts = [build_prompt(q.question) for q in questions]
+
+    def rollout_at(temperature: float) -> SearchRollout:
+        config = RolloutConfig(
+            max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_obs_tokens=240,
+            max_completion_tokens=480, temperature=temperature,
+        )  # fmt: skip
+        examples = {build_prompt(q.question): (q.question, q.golden_answers) for q in questions}
+        return SearchRollout(
+            tokenizer, engine, config=config, k=2, schedule=ConstantSchedule(0.0), examples=examples
+        )
+
+    def generator(decoder: str, temperature: float) -> HFGenerator:
+        return HFGenerator(
+            model, tokenizer, temperature=temperature, stop_strings=STOP_STRINGS,
+            eos_token_ids=[tokenizer.eos_token_id], decoder=decoder,
+        )  # fmt: skip
+
+    bandwidth, flops = machine_rates()
+    print(
+        f"\n{len(questions)} questions at batch {len(questions)}, policy {args.policy} ({params / 1e6:.0f}M params), "
+        f"{args.max_turns} turns x {args.max_new_tokens} tokens, BM25 k=2; {torch.get_num_threads()} threads; "
+        f"copy {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s"
+    )
+    for decoder in DECODERS:  # warm-up: stop tables, kernels
+        rollout_at(1.0).run(generator(decoder, 1.0), prompts[:2], step=0)
+
+    def line(name, seconds, tokens, bound):
+        print(f"  {name:<34}{seconds:>9.1f}{tokens:>9}{tokens / seconds:>10.1f}{bound / seconds:>16.0%}")
+
+    header = f"  {'':<34}{'seconds':>9}{'tokens':>9}{'tokens/s':>10}{'share of bound':>16}"
+    print("\ngreedy, one run each (same tokens)")
+    print(header)
+    greedy = {}
+    for decoder in DECODERS:
+        seconds, tokens, trajectories, rec = run_rollout(rollout_at(0.0), generator(decoder, 0.0), prompts, 0)
+        greedy[decoder] = (seconds, [t.completion_ids for t in trajectories])
+        line(decoder, seconds, tokens, rec.bound(params, bandwidth, flops))
+    same = greedy["zerosim"][1] == greedy["transformers"][1]
+    print(f"  same tokens: {same}; speed-up {greedy['transformers'][0] / greedy['zerosim'][0]:.1f}x")
+
+    print(f"\nsampled at temperature 1.0, {args.seeds} seeds")
+    print(header)
+    rates: dict[str, list[float]] = {d: [] for d in DECODERS}
+    for seed in range(args.seeds):
+        for decoder in DECODERS:
+            seconds, tokens, _, rec = run_rollout(rollout_at(1.0), generator(decoder, 1.0), prompts, seed)
+            rates[decoder].append(tokens / seconds)
+            line(f"{decoder}, seed {seed}", seconds, tokens, rec.bound(params, bandwidth, flops))
+    speedup = statistics.median(rates["zerosim"]) / statistics.median(rates["transformers"])
+    print(f"\ndecode speed-up over transformers generate: {speedup:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""zerosim's decoding loop (zerosim.decode) against transformers ``generate`` (HFGenerator decoder="transformers").
+
+Same tokens for the same prompts and seed, log-probs within float tolerance of a teacher-forced forward,
+stops on the same token, and a multi-turn context continued from the stored prefix instead of encoded again.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerosim.decode import ATTENTION, gqa_sdpa_attention, supports_fast_decode
+from zerosim.generation import HFGenerator
+from zerosim.models import load_causal_lm
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(str(tiny_model_dir))
+
+
+def prompts_of(tokenizer, n: int = 6) -> list[list[int]]:
+    texts = ["What is the capital of France?", "Hi", "Name a river in Asia, please, and its length.",
+             "2 + 2 =", "Tell me about the moon", "Who wrote Hamlet and when was it first staged?"]  # fmt: skip
+    return [tokenizer(t)["input_ids"] for t in (texts * 2)[:n]]
+
+
+def teacher_forced(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def test_the_tiny_model_takes_the_fast_path(model, tokenizer):
+    assert supports_fast_decode(model)
+    assert HFGenerator(model, tokenizer).decoder == "zerosim"
+    assert HFGenerator(model, tokenizer, collective=True).decoder == "transformers"  # ranks sync steps
+    with pytest.raises(ValueError, match="decoder 'vllm' is not one of zerosim, transformers"):
+        HFGenerator(model, tokenizer, decoder="vllm")
+
+
+def test_grouped_query_attention_equals_sdpa_over_repeated_heads():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 6, 1, 8), torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
+    mask = torch.zeros(3, 1, 1, 20)
+    mask[1, ..., :7] = float("-inf")  # left padding
+    ours, _ = gqa_sdpa_attention(torch.nn.Module(), q, k, v, mask, scaling=8**-0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), attn_mask=mask, scale=8**-0.5
+    )
+    torch.testing.assert_close(ours, ref.transpose(1, 2))
+
+
+def test_greedy_batch_gives_the_tokens_of_generate_and_teacher_forced_logprobs(model, tokenizer):
+    prompts = prompts_of(tokenizer, 6)  # ragged: left padding, rows of different lengths
+    fast = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 12)
+    slow = HFGenerator(model, tokenizer, temperature=0.0, decoder="transformers").generate(prompts, 12)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
+    for prompt, g, s in zip(prompts, fast, slow, strict=True):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(s.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), teacher_forced(model, prompt, g.token_ids), atol=1e-4, rtol=0
+        )
+    assert model.config._attn_implementation != ATTENTION  # restored after decoding
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampling_one_prompt_gives_the_tokens_of_generate_for_the_same_seed(model, tokenizer, top_p):
+    prompt = prompts_of(tokenizer, 1)
+    out = {}
+    for decoder in ("zerosim", "transformers"):
+        torch.manual_seed(7)
+        gen = HFGenerator(model, tokenizer, temperature=0.9, top_p=top_p, decoder=decoder)
+        out[decoder] = gen.generate(prompt, 16)[0]
+    assert out["zerosim"].token_ids == out["transformers"].token_ids
+    torch.testing.assert_close(
+        torch.tensor(out["zerosim"].logprobs), torch.tensor(out["transformers"].logprobs), atol=1e-4, rtol=0
+    )
+
+
+def test_rows_stop_on_the_token_that_completes_a_stop_string_and_leave_the_batch(model, tokenizer):
+    prompts = prompts_of(tokenizer, 6)
+    free = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 16)
+    # a stop string some rows write early and others later or never: the text of row 0's 4th token
+    stop = tokenizer.decode(free[0].token_ids[3:4])
+    assert stop.strip()
+    fast = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop]).generate(prompts, 16)
+    slow = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop], decoder="transformers")
+    slow = slow.generate(prompts, 16)
+    assert [(g.token_ids, g.finish) for g in fast] == [(g.token_ids, g.finish) for g in slow]
+    assert fast[0].finish == "stop" and len(fast[0].token_ids) <= 4
+    from zerosim.decode import token_pieces
+
+    assert token_pieces(tokenizer) is token_pieces(tokenizer)  # the text table is built once per tokenizer
+    assert {g.finish for g in fast} >= {"stop", "length"}  # some rows stopped while others went on
+
+
+def test_a_multi_turn_context_continues_from_the_stored_prefix(model, tokenizer):
+    """Turn 2 prefills only what turn 1 did not feed, and writes what a fresh encoding writes."""
+    prompts = prompts_of(tokenizer, 4)
+    observation = tokenizer(" <information>Paris is the capital.</information>")["input_ids"]
+    fed: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        reuse = HFGenerator(model, tokenizer, temperature=0.0)
+        first = reuse.generate(prompts, 8)
+        turn2 = [p + g.token_ids + observation for p, g in zip(prompts, first, strict=True)]
+        fed.clear()
+        second = reuse.generate(turn2, 8)
+        prefilled = fed[0]
+        fresh = HFGenerator(model, tokenizer, temperature=0.0, reuse_prefix=False).generate(turn2, 8)
+    finally:
+        hook.remove()
+    # every row's prompt and its first turn came from the store: at most the observation and the one
+    # sampled token turn 1 never fed are encoded again
+    assert prefilled <= len(prompts) * (len(observation) + 1)
+    assert prefilled < sum(len(t) for t in turn2) / 2
+    assert [g.token_ids for g in second] == [g.token_ids for g in fresh]
+    for context, g in zip(turn2, second, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), teacher_forced(model, context, g.token_ids), atol=1e-4, rtol=0
+        )
+
+
+def test_the_stored_prefix_is_dropped_when_the_weights_change(model, tokenizer):
+    prompts = prompts_of(tokenizer, 2)
+    gen = HFGenerator(model, tokenizer, temperature=0.0)
+    first = gen.generate(prompts, 6)
+    assert gen.store.rows
+    turn2 = [p + g.token_ids for p, g in zip(prompts, first, strict=True)]
+    with torch.no_grad():
+        weight = model.model.layers[0].mlp.up_proj.weight
+        saved = weight.clone()
+        weight.mul_(1.5)  # an optimizer step: in place, the version counter moves
+    try:
+        second = gen.generate(turn2, 6)
+        fresh = HFGenerator(model, tokenizer, temperature=0.0, reuse_prefix=False).generate(turn2, 6)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    for g, f in zip(second, fresh, strict=True):
+        assert g.token_ids == f.token_ids
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(f.logprobs), atol=1e-5, rtol=0)
+
+
+def test_a_batch_invariant_call_writes_for_each_prompt_what_a_call_with_that_prompt_alone_writes(
+    model, tokenizer
+):
+    """Bit for bit: the same tokens and the same log-probs, whatever else is in the batch."""
+    prompts = prompts_of(tokenizer, 6)
+    gen = HFGenerator(model, tokenizer, temperature=0.0, batch_invariant=True)
+    assert gen.store is None  # a reused prefix was computed in another batch: not invariant
+    batched = gen.generate(prompts, 20)
+    for prompt, together in zip(prompts, batched, strict=True):
+        alone = gen.generate([prompt], 20)[0]
+        assert (alone.token_ids, alone.logprobs, alone.finish) == (
+            together.token_ids,
+            together.logprobs,
+            together.finish,
+        )
+    # and the rows still decode what the model says: teacher-forced log-probs of the written tokens
+    for prompt, g in zip(prompts, batched, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), teacher_forced(model, prompt, g.token_ids), atol=1e-4, rtol=0
+        )
+
+
+def test_batch_invariance_holds_across_forward_chunks(model, tokenizer):
+    prompts = prompts_of(tokenizer, 5)
+    from zerosim.decode import decode_invariant
+
+    options = dict(
+        temperature=0.0, top_p=1.0, eos_token_ids=frozenset([tokenizer.eos_token_id]), stop_strings=(),
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    from zerosim.decode import attention_implementation, register_attention
+
+    with attention_implementation(model, register_attention()):
+        chunked = decode_invariant(model, tokenizer, prompts, 10, rows_per_forward=2, **options)
+        alone = [
+            decode_invariant(model, tokenizer, [p], 10, rows_per_forward=2, **options)[0] for p in prompts
+        ]
+    assert chunked == alone
+
+
+def test_the_prefix_every_prompt_shares_is_encoded_once(model, tokenizer):
+    system = tokenizer("You are a search engine. Write three short results for the query below, please.")
+    prompts = [system["input_ids"] + p for p in prompts_of(tokenizer, 4)]
+    shared = len(system["input_ids"])
+    fed: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        fast = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 8)
+    finally:
+        hook.remove()
+    # the shared prefix once, then only what follows it for each row (padded to the longest)
+    assert fed[0] == shared
+    assert fed[1] == len(prompts) * (max(map(len, prompts)) - shared)
+    slow = HFGenerator(model, tokenizer, temperature=0.0, decoder="transformers").generate(prompts, 8)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
+    for prompt, g in zip(prompts, fast, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), teacher_forced(model, prompt, g.token_ids), atol=1e-4, rtol=0
+        )
