@@ -34,32 +34,42 @@ def row(name: str, *cells: str) -> None:
 
 
 class BatchCounts:
-    """What a loop's time goes with: ``generate`` calls, decode steps (a batch runs until its longest row
-    stops, so a call costs its longest row's steps for every row), row-steps (rows x decode steps: what was
-    computed) and prefill tokens (left-padded width x rows: the whole context is encoded again every turn)."""
+    """What a loop's time goes with, counted on the model's forward passes: ``generate`` calls, decode steps
+    (one-token forwards), row-steps (rows computed over all decode steps: ``generate`` runs every row until
+    the longest stops, zerosim's loop only the live ones) and prefill tokens (rows x columns encoded by the
+    other forwards, padding included: ``generate`` encodes the whole context every turn, zerosim's loop
+    what the last turn did not)."""
 
     def __init__(self):
         self.calls = self.steps = self.row_steps = self.prefill = 0
+        self._hook = None
 
-    def count(self, prompts, lengths) -> None:
-        """Add one ``generate`` call: its prompts and the number of tokens each row produced."""
-        if not prompts:
-            return
-        steps = max(lengths, default=0)
-        self.calls += 1
-        self.steps += steps
-        self.row_steps += steps * len(prompts)
-        self.prefill += max(len(p) for p in prompts) * len(prompts)
+    def watch(self, model) -> None:
+        def count(_module, _args, kwargs):
+            ids = kwargs.get("input_ids")
+            if ids is None:
+                return
+            if ids.shape[1] == 1:
+                self.steps += 1
+                self.row_steps += ids.shape[0]
+            else:
+                self.prefill += ids.numel()
+
+        self._hook = model.register_forward_pre_hook(count, with_kwargs=True)
+
+    def stop(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
 
 
 class CountingGenerator:
-    """Wraps an ``HFGenerator``: counts sampled tokens (before the cut), kept tokens and :class:`BatchCounts`."""
+    """Wraps an ``HFGenerator``: counts sampled tokens (before the cut), kept tokens and calls."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, batches: BatchCounts):
         self.inner = inner
         self.sampled = 0
         self.kept = 0
-        self.batches = BatchCounts()
+        self.batches = batches
         cut = inner._cut
         pad = inner.pad_token_id
 
@@ -76,14 +86,14 @@ class CountingGenerator:
         inner._cut = counting_cut
 
     def generate(self, prompts, max_new_tokens):
-        outs = self.inner.generate(prompts, max_new_tokens)
-        self.batches.count(prompts, [len(o.token_ids) for o in outs])
-        return outs
+        self.batches.calls += 1
+        return self.inner.generate(prompts, max_new_tokens)
 
 
 def zerosearch_loop(
-    model, tokenizer, engine, questions, *, k, max_turns, budget, max_obs_tokens, seed, counts=None
-):
+    model, tokenizer, engine, questions, *, k, max_turns, budget, max_obs_tokens, seed, counts=None,
+    decoder="zerosim",
+):  # fmt: skip
     """The baseline: fixed budget per turn, cut at the first tag afterwards, one search per trajectory.
     ``counts`` (:class:`BatchCounts`) records its calls, decode steps and prefill."""
     import torch
@@ -94,7 +104,7 @@ def zerosearch_loop(
 
     torch.manual_seed(seed)
     tokens = ProtocolTokens(tokenizer, max_obs_tokens)
-    gen = HFGenerator(model, tokenizer, temperature=1.0, stop_strings=())
+    gen = HFGenerator(model, tokenizer, temperature=1.0, stop_strings=(), decoder=decoder)
     contexts = [tokens.prompt(build_prompt(q.question)) for q in questions]
     active = list(range(len(questions)))
     sampled = useful = 0
@@ -104,7 +114,7 @@ def zerosearch_loop(
         batch = [contexts[i] for i in active]
         outs = gen.generate(batch, budget)
         if counts is not None:
-            counts.count(batch, [len(o.token_ids) for o in outs])
+            counts.calls += 1
         still = []
         for i, out in zip(active, outs, strict=True):
             sampled += len(out.token_ids)
@@ -123,6 +133,16 @@ def zerosearch_loop(
     return sampled, useful
 
 
+def _with_decoder(generator, decoder: str):
+    from zerosim.generation import HFGenerator
+
+    g = generator
+    return HFGenerator(
+        g.model, g.tokenizer, temperature=g.temperature, top_p=g.top_p, stop_strings=g.stop_strings,
+        eos_token_ids=sorted(g.eos_token_ids), decoder=decoder,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,6 +157,10 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--decoder", default="zerosim", choices=("zerosim", "transformers"),
+        help="the decoder both loops use (benchmarks/decode.py compares decoders)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not Path(args.policy).is_dir() and args.policy != "smollm2":
         raise SystemExit(
@@ -169,22 +193,26 @@ def main() -> None:
         seed=args.seed,
     )
     prompts = [build_prompt(q.question) for q in questions]
-    rollout.run(rollout.generator_for(model), prompts[:2], step=0)  # warm-up
+    rollout.run(_with_decoder(rollout.generator_for(model), args.decoder), prompts[:2], step=0)  # warm-up
 
     torch.manual_seed(args.seed)
-    counting = CountingGenerator(rollout.generator_for(model))
+    counting = CountingGenerator(_with_decoder(rollout.generator_for(model), args.decoder), BatchCounts())
+    counting.batches.watch(model)
     started = time.perf_counter()
     trajectories, timing = rollout.run(counting, prompts, step=0)
     t_ours = time.perf_counter() - started
+    counting.batches.stop()
     useful_ours = sum(sum(t.env_mask) for t in trajectories)
 
     started = time.perf_counter()
     zs_counts = BatchCounts()
+    zs_counts.watch(model)
     sampled_zs, useful_zs = zerosearch_loop(
         model, tokenizer, engine, questions, k=args.k, max_turns=args.max_turns, budget=args.budget,
-        max_obs_tokens=128, seed=args.seed, counts=zs_counts,
+        max_obs_tokens=128, seed=args.seed, counts=zs_counts, decoder=args.decoder,
     )  # fmt: skip
     t_zs = time.perf_counter() - started
+    zs_counts.stop()
 
     searches = sum(t.searches for t in trajectories)
     print(
