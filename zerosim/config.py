@@ -201,6 +201,9 @@ class TrainerConfig:
         None  # drop groups whose rewards are all equal from the loss (DAPO; dapo, rloo); None = on for dapo
     )
     max_grad_norm: float = 1.0  # gradient clipping
+    bf16: bool | None = (
+        None  # bf16 autocast of the update (fp32 weights); None = on with a GPU, or a CPU with AMX when beta = 0
+    )
     logging_steps: int = 1  # log every N steps
     save_final: bool = True  # save the final policy checkpoint
     save_steps: int = 0  # save a resumable checkpoint (model, optimizer, scheduler, RNG, curriculum) every N steps; 0 = never

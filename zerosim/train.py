@@ -35,7 +35,7 @@ from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
 from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run, trainer_mlflow_callback
-from zerosim.trainer import Critic, SearchTrainer, algorithm_args
+from zerosim.trainer import Critic, SearchTrainer, algorithm_args, cpu_autocast_bf16
 
 
 @dataclass
@@ -107,7 +107,7 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         save_only_model=False,  # optimizer, scheduler and RNG states too: what a resume needs
         report_to=[],  # MLflow: train() adds tracking.trainer_mlflow_callback (each metric once per step)
         use_cpu=not on_gpu,
-        bf16=on_gpu,
+        bf16=on_gpu and t.bf16 is not False,  # on CPU: SearchTrainer's own autocast (update_bf16)
         gradient_checkpointing=False,
         dataloader_num_workers=0,
         disable_tqdm=False,
@@ -395,6 +395,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             value_clip=t.value_clip,
             critic_epochs=t.critic_epochs,
             critic_micro_batch=t.per_device_train_batch_size,
+            # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
+            update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
             dynamic_sampling=t.dynamic_sampling,
             model=policy,
             reward_funcs=[

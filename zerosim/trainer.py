@@ -30,9 +30,11 @@ The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +93,191 @@ def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[st
     if epsilon_high is not None or spec.epsilon_high is not None:
         fields["epsilon_high"] = epsilon_high if epsilon_high is not None else spec.epsilon_high
     return fields
+
+
+# -- the update's micro-batches ------------------------------------------------------------------------------
+# TRL pads every row of a generation batch to the batch's longest prompt (left) and completion (right), shuffles
+# the rows and slices them into micro-batches that keep that width. ``group_by_length`` puts rows of similar
+# length together and cuts each micro-batch to its own longest row, so the forward and backward stop computing
+# padding. The rows stay in the same optimizer step, and the loss types below weight a row the same whichever
+# micro-batch it is in (equal-sized micro-batches): the summed gradient is the same up to float rounding.
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # (B, P), left-padded
+COMPLETION_KEYS = (  # (B, T), right-padded, when 2-D; (B,) advantages and (B, 1) sequence ratios are kept
+    "completion_ids",
+    "completion_mask",
+    "tool_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+)
+BATCH_KEYS = ("num_items_in_batch",)  # 0-d: the whole generation batch's
+# grpo: mean over rows of each row's token mean, / accumulation steps; dr_grpo: sum / (rows x
+# max_completion_length), / accumulation steps; dapo: sum / the generation batch's token count. Not bnpo (a
+# token mean per micro-batch: it changes with the grouping).
+GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
+
+
+def merge_rows(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """TRL's micro-batches of one generation batch (same widths) back into one batch, rows in order."""
+    merged = {}
+    for key, first in chunks[0].items():
+        if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
+            merged[key] = first
+        elif isinstance(first, torch.Tensor):
+            merged[key] = torch.cat([chunk[key] for chunk in chunks])
+        else:
+            merged[key] = [row for chunk in chunks for row in chunk[key]]
+    return merged
+
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
+    """``batch`` with only ``rows`` (indices, in that order); batch-level values kept."""
+    out = {}
+    for key, value in batch.items():
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            out[key] = value
+        elif isinstance(value, torch.Tensor):
+            out[key] = value[rows.to(value.device)]
+        else:
+            out[key] = [value[i] for i in rows.tolist()]
+    return out
+
+
+def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` without the prompt columns (left) and completion columns (right) that no row uses.
+
+    Dropping a left-padding column shifts every position of the batch by one; rotary position embeddings see
+    only position differences, so the log-probs are the same up to float rounding.
+    """
+    used = batch["prompt_mask"].any(0).nonzero()
+    first = int(used[0]) if len(used) else batch["prompt_mask"].shape[1] - 1
+    used = batch["completion_mask"].any(0).nonzero()
+    width = batch["completion_mask"].shape[1]
+    end = int(used[-1]) + 1 if len(used) else 1
+    out = dict(batch)
+    for key in PROMPT_KEYS:
+        out[key] = batch[key][:, first:]
+    for key in COMPLETION_KEYS:
+        value = batch.get(key)
+        if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
+            out[key] = value[:, :end]
+    return out
+
+
+def group_by_length(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``chunks`` (one generation batch in TRL's micro-batches) sorted by length (prompt +
+    completion tokens; ties keep their order) and cut into as many micro-batches of the same size, each
+    trimmed to its own longest row. Every value of a row (advantage, masks, log-probs) moves with it."""
+    batch = merge_rows(chunks)
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    order = torch.sort(lengths.cpu(), stable=True).indices
+    size = len(order) // len(chunks)
+    return [trim_padding(select_rows(batch, order[i * size : (i + 1) * size])) for i in range(len(chunks))]
+
+
+def groupable(batch: dict[str, Any]) -> bool:
+    """Whether every value of ``batch`` is one that :func:`group_by_length` knows how to move and trim."""
+    known = {*PROMPT_KEYS, *COMPLETION_KEYS, *BATCH_KEYS}
+    return set(batch) <= known and "prompt_mask" in batch and "completion_mask" in batch
+
+
+def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False) -> bool:
+    """Whether the update runs under SearchTrainer's bf16 autocast, for ``trainer.bf16``: True, False, or None
+    (auto): on a CPU that multiplies bf16 matrices in hardware (AMX), unless the loss compares log-probs of
+    two passes (``compares_passes``: a KL to the reference, a reused batch's old log-probs) — bf16 rounds each
+    pass differently (0.06 nats per token on the policy's own samples), which a ratio or a KL would read as
+    a difference of policies. With a GPU: never (TRL's own bf16 applies)."""
+    if torch.cuda.is_available() or setting is False:
+        return False
+    if setting is None:
+        probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+        return bool(probe is not None and probe()) and not compares_passes
+    return True
+
+
+# -- the log-prob head: only the positions that are scored -----------------------------------------------------
+# TRL's fused LM head (``add_fused_lm_head``) projects only the positions with a label on CUDA, but every
+# position elsewhere (prompt and padding included), and TRL labels every completion token, the
+# ``<information>`` blocks too. On CPU the head was ~40% of the update. ``compact_log_prob_head`` wraps the
+# fused forward: off CUDA/XPU it projects only the labelled positions and, in the loss's own pass, only the
+# positions in the loss mask (what ``scored()`` returns); the others read 0, as TRL's unlabelled ones do.
+LOGIT_SCALES = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
+
+
+def compact_log_prob_head(model, temperature: float, outputs: tuple[str, ...], scored, enabled) -> bool:
+    """Wrap ``model``'s fused forward (TRL's) so that off CUDA/XPU, while ``enabled()``, it scores only the
+    labelled positions, and of the last ``T`` only those where ``scored()`` (a ``(B, T)`` bool tensor, or None)
+    is true. Returns False and leaves the model alone when its head scales or caps its logits (TRL's forward
+    handles those)."""
+    import functools
+    import types
+
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer import utils as trl_utils
+
+    text = model.config.get_text_config()
+    if hasattr(model, "peft_config") or any(getattr(text, name, None) is not None for name in LOGIT_SCALES):
+        return False  # PEFT: TRL patched the base model; scaled or capped logits: TRL's forward knows them
+    chunk = getattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
+    fused = model.forward  # TRL's fused forward, bound to the model
+
+    @functools.wraps(type(model).forward)  # generate validates its kwargs against this signature
+    def forward(self, *args, fused_lm_head=False, labels=None, num_items_in_batch=None, **kwargs):
+        on_gpu = labels is not None and labels.device.type in ("cuda", "xpu")
+        special = "shift_labels" in kwargs or kwargs.get("output_router_logits")
+        if not fused_lm_head or labels is None or on_gpu or special or not enabled():
+            return fused(
+                *args,
+                fused_lm_head=fused_lm_head,
+                labels=labels,
+                num_items_in_batch=num_items_in_batch,
+                **kwargs,
+            )
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state[:, :-1]
+        targets = labels[:, 1:]
+        keep = scored()
+        if keep is not None and keep.shape[0] == targets.shape[0] and keep.shape[1] <= targets.shape[1]:
+            T = keep.shape[1]
+            targets = torch.cat(
+                [targets[:, :-T], targets[:, -T:].masked_fill(~keep.to(targets.device), -100)], 1
+            )
+        mask = targets != -100
+        head = self.get_output_embeddings()
+        # under autocast the head still projects in fp32 (as TRL's cast_lm_head_to_fp32): a bf16 logit of
+        # magnitude 20 is rounded to 1/8; with only the loss's positions projected this costs ~3% of the update
+        positions = hidden[mask].float()
+        with (
+            trl_utils.maybe_gather_lm_head_ctx(head.weight, head.bias),
+            torch.autocast(hidden.device.type, enabled=False),
+        ):
+            values = ChunkedLogProbFunction.apply(
+                positions, head.weight, head.bias, targets[mask], temperature, chunk, None, 1.0, outputs
+            )
+        log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1 = (
+            None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x) for x in values
+        )
+        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return trl_utils.FusedCausalLMOutput(
+            loss=-log_probs.sum() / count,
+            log_probs=log_probs,
+            entropy=entropy,
+            log_sum_sq_probs=log_sum_sq_probs,
+            mean_logits=mean_logits,
+            is_top1=is_top1,
+            label_mask=mask,
+        )
+
+    model.forward = types.MethodType(forward, model)
+    return True
 
 
 def _apply_algorithm(args: GRPOConfig, algorithm: str) -> GRPOConfig:
@@ -181,6 +368,8 @@ class SearchTrainer(GRPOTrainer):
         critic_epochs: int = 1,
         critic_micro_batch: int | None = None,
         dynamic_sampling: bool | None = None,
+        group_by_length: bool = True,
+        update_bf16: bool = False,
         **kwargs: Any,
     ):
         if algorithm not in ALGORITHMS:
@@ -209,6 +398,22 @@ class SearchTrainer(GRPOTrainer):
         self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
         self.critic = critic
         self.critic_micro_batch = critic_micro_batch
+        self.group_by_length = group_by_length
+        self.update_bf16 = update_bf16
+        # the loss's pass scores only its loss mask's positions (see compact_log_prob_head)
+        self._scored_positions: torch.Tensor | None = None
+        me = weakref.ref(self)
+        self.compact_head = not self.args.cast_lm_head_to_fp32 and compact_log_prob_head(
+            self.model,
+            self.temperature,
+            ("log_probs", "entropy"),
+            scored=lambda: getattr(me(), "_scored_positions", None),
+            enabled=lambda: getattr(me(), "compact_head", False),
+        )
+        if self.compact_head and self.ref_model is not None:
+            compact_log_prob_head(
+                self.ref_model, self.temperature, ("log_probs",), scored=lambda: None, enabled=lambda: True
+            )
         self.critic_optimizer = None
         if critic is not None:
             critic.to(self.accelerator.device)
@@ -253,6 +458,34 @@ class SearchTrainer(GRPOTrainer):
         self._add_time("update", time.perf_counter() - started - self._scoring_seconds)
         return loss
 
+    # -- the update's micro-batches: grouped by length, trimmed (see group_by_length) ---------------------------
+    def _prepare_inputs(self, generation_batch):
+        fresh = self.model.training and (
+            self._buffered_inputs is None
+            or self._step % (self.args.steps_per_generation * self.num_iterations) == 0
+        )
+        inputs = super()._prepare_inputs(generation_batch)
+        if fresh and self._groups_by_length(self._buffered_inputs[0]):
+            self._buffered_inputs = group_by_length(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        return inputs
+
+    def _groups_by_length(self, batch: dict[str, Any]) -> bool:
+        """Whether regrouping this generation batch's micro-batches leaves the step's gradient as it is: the
+        rows stay in one optimizer step, the loss weighs a row the same in any micro-batch, and nothing is
+        computed per micro-batch (entropy bonus or quantile mask, MoE aux loss, off-policy mask)."""
+        a = self.args
+        return (
+            self.group_by_length
+            and self.loss_type in GROUPABLE_LOSSES
+            and a.gradient_accumulation_steps % a.steps_per_generation == 0
+            and not getattr(self, "_entropy_bonus_enabled", False)
+            and self.top_entropy_quantile >= 1.0
+            and not self.aux_loss_enabled
+            and getattr(self, "off_policy_mask_threshold", None) is None
+            and groupable(batch)
+        )
+
     def _generate_and_score_completions(self, inputs):
         started = time.perf_counter()
         try:
@@ -260,14 +493,22 @@ class SearchTrainer(GRPOTrainer):
         finally:
             self._scoring_seconds = getattr(self, "_scoring_seconds", 0.0) + time.perf_counter() - started
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        if torch.is_grad_enabled():  # the loss's own forward: part of the update
-            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        started = time.perf_counter()
-        try:
-            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        finally:
-            self._add_time("logprob", time.perf_counter() - started)
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        with self._update_precision():
+            if torch.is_grad_enabled():  # the loss's own forward: part of the update
+                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            finally:
+                self._add_time("logprob", time.perf_counter() - started)
+
+    def _update_precision(self):
+        """bf16 autocast, with ``update_bf16``, over every log-prob pass (the loss's, old policy, reference) and
+        the critic's passes; the weights, their gradients and the optimizer stay fp32."""
+        if not self.update_bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.accelerator.device.type, dtype=torch.bfloat16)
 
     def _save_checkpoint(self, model, trial):
         started = time.perf_counter()
@@ -319,8 +560,25 @@ class SearchTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["algorithm/groups_dropped"].append(float(dropped.sum().item()))
 
-    # -- REINFORCE++ ---------------------------------------------------------------------------------------
+    # -- the loss --------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
+        """TRL's loss, its log-probs computed at the loss mask's positions only (the others read 0 in every
+        log-prob the loss compares: its own, old policy, reference, sampling)."""
+        if not self.compact_head:
+            return self._algorithm_loss(model, inputs)
+        mask = self._loss_mask(inputs).bool()
+        inputs = dict(inputs)
+        for key in ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"):
+            if isinstance(inputs.get(key), torch.Tensor) and inputs[key].shape == mask.shape:
+                inputs[key] = inputs[key] * mask
+        self._scored_positions = mask
+        try:
+            return self._algorithm_loss(model, inputs)
+        finally:
+            self._scored_positions = None
+
+    # -- REINFORCE++ ---------------------------------------------------------------------------------------
+    def _algorithm_loss(self, model, inputs):
         if not (ALGORITHMS[self.algorithm].kl_in_reward and self.beta != 0.0):
             return super()._compute_loss(model, inputs)
         # REINFORCE++: the KL already is in the rewards (see _reinforce_pp_advantages), not in the loss. TRL
@@ -396,49 +654,78 @@ class SearchTrainer(GRPOTrainer):
         return input_ids, attention, mask
 
     def _ppo_advantages(self, output, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+        """GAE with the critic's values. The values before the critic's first step are what that step's own
+        forward computes (dropout is off), so the first critic epoch also gives GAE its values: one critic
+        forward over the batch less than a separate values pass."""
         input_ids, attention, mask = self._critic_inputs(output)
         T = output["completion_ids"].shape[1]
-        with torch.no_grad():
-            values = torch.cat(
-                [
-                    self.critic(input_ids[rows], attention[rows], T)
-                    for rows in self._critic_chunks(len(input_ids))
-                ]
-            )
         token_rewards = self._token_rewards(output, rewards, mask)
+        self.critic.train()
+        values, first = self._critic_epoch(input_ids, attention, mask, T, token_rewards=token_rewards)
         advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
         advantages = whiten(advantages, mask)
-        stats = self._update_critic(input_ids, attention, mask, values, returns, T)
+        stats = self._update_critic(
+            input_ids, attention, mask, values, returns, T, epochs=self.critic_epochs - 1, losses=[first]
+        )
         mode = "train" if self.model.training else "eval"
         for name, value in stats.items():
             self._metrics[mode][name].append(value)
         return {"advantages": advantages.to(output["advantages"].dtype)}
 
-    def _critic_chunks(self, n: int) -> list[slice]:
-        """Row slices of at most ``critic_micro_batch`` rows covering ``n`` rows (one slice when unset)."""
+    def _critic_chunks(self, attention: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices in chunks of at most ``critic_micro_batch`` rows (one chunk when unset), the rows
+        sorted by length so that each chunk pads to a similar width."""
+        n = attention.shape[0]
+        order = torch.sort(attention.sum(1).cpu(), stable=True).indices
         size = self.critic_micro_batch or max(n, 1)
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        return [order[i : i + size] for i in range(0, n, size)]
 
-    def _update_critic(self, input_ids, attention, mask, old_values, returns, T) -> dict[str, float]:
-        """``critic_epochs`` optimizer steps on the batch's clipped value loss, gradient accumulated over
-        micro-batches: each chunk's masked mean is weighted by its share of the masked tokens, so the summed
-        gradient is exactly the whole batch's (``value_loss`` over all rows at once)."""
-        self.critic.train()
-        losses = []
+    def _critic_values(self, input_ids, attention, rows, T) -> torch.Tensor:
+        """The critic's ``(len(rows), T)`` values of ``rows``, computed without the columns none of them uses
+        (left padding of the prompts, right padding of the completions; those positions read 0)."""
+        ids, att = input_ids[rows], attention[rows]
+        used = att.any(0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        end = max(int(used[-1]) + 1 if len(used) else 0, att.shape[1] - T + 1, first + 2)
+        kept = T - (att.shape[1] - end)  # completion columns left
+        with self._update_precision():
+            values = self.critic(ids[:, first:end], att[:, first:end], kept)
+        return torch.nn.functional.pad(values, (0, T - kept))
+
+    def _critic_epoch(self, input_ids, attention, mask, T, old_values=None, returns=None, token_rewards=None):
+        """One critic optimizer step on the clipped value loss, gradient accumulated over chunks: each chunk's
+        masked mean weighted by its share of the masked tokens, so the summed gradient is the whole batch's.
+        Without ``old_values``, each chunk's own values are the old ones and its returns GAE's over
+        ``token_rewards``. Returns the values the step started from (detached) and the loss."""
+        self.critic_optimizer.zero_grad(set_to_none=True)
         total = mask.sum().clamp(min=1)
-        for _ in range(self.critic_epochs):
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            loss_value = 0.0
-            for rows in self._critic_chunks(len(input_ids)):
-                values = self.critic(input_ids[rows], attention[rows], T)
-                chunk = value_loss(values, old_values[rows], returns[rows], mask[rows], self.value_clip)
-                loss = chunk * mask[rows].sum() / total
-                loss.backward()
-                loss_value += loss.item()
-            self._average_critic_grads()
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
-            self.critic_optimizer.step()
-            losses.append(loss_value)
+        started = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        loss_value = 0.0
+        for rows in self._critic_chunks(attention):
+            values = self._critic_values(input_ids, attention, rows, T)
+            started[rows] = values.detach()
+            if old_values is None:  # the first step: the values it starts from are the old ones
+                old = values.detach()
+                ret = gae(token_rewards[rows], old, mask[rows], self.gamma, self.lam)[1]
+            else:
+                old, ret = old_values[rows], returns[rows]
+            loss = value_loss(values, old, ret, mask[rows], self.value_clip) * mask[rows].sum() / total
+            loss.backward()
+            loss_value += loss.item()
+        self._average_critic_grads()
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
+        self.critic_optimizer.step()
+        return started, loss_value
+
+    def _update_critic(
+        self, input_ids, attention, mask, old_values, returns, T, epochs=None, losses=None
+    ) -> dict[str, float]:
+        """``epochs`` (default ``critic_epochs``) critic steps against ``old_values`` and ``returns``; the
+        stats over those and the ``losses`` of steps already taken."""
+        self.critic.train()
+        losses = list(losses or [])
+        for _ in range(self.critic_epochs if epochs is None else epochs):
+            losses.append(self._critic_epoch(input_ids, attention, mask, T, old_values, returns)[1])
         explained = 1 - masked_mean((returns - old_values) ** 2, mask) / (
             masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8
         )
