@@ -253,6 +253,15 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tens
     return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
 
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, scale: float, logprobs: bool):
+    """One token per row (:func:`sample`) and its log-prob under ``logits / scale`` (zeros without ``logprobs``)."""
+    logits = logits.float()
+    chosen = sample(logits, temperature, top_p)
+    if not logprobs:
+        return chosen, [0.0] * len(chosen)
+    return chosen, torch.log_softmax(logits / scale, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist()
+
+
 @torch.inference_mode()
 def decode(
     model,
@@ -336,12 +345,7 @@ def decode(
             saved[row] = (torch.tensor(fed, dtype=torch.long), kv)
 
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
-        chosen = sample(logits, temperature, top_p)
-        if logprobs:
-            picked = torch.log_softmax(logits / scale, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist()
-        else:
-            picked = [0.0] * len(live)
+        chosen, picked = _pick(out.logits[:, -1, :], temperature, top_p, scale, logprobs)
         keep = []
         for b, (tok, lp) in enumerate(zip(chosen.tolist(), picked, strict=True)):
             row = live[b]
@@ -353,7 +357,8 @@ def decode(
             save(range(len(live)))
             break
         if len(keep) < len(live):  # finished rows leave the batch and its cache
-            save([b for b in range(len(live)) if b not in set(keep)])
+            kept = set(keep)
+            save([b for b in range(len(live)) if b not in kept])
             index = torch.tensor(keep, device=device)
             chosen, mask, next_pos = chosen[index], mask[index], next_pos[index]
             cache.batch_select_indices(index)
@@ -490,13 +495,7 @@ def _decode_rows_alone(
     scanner = StopScanner(tokenizer, stop_strings, n)
     feed = torch.full((width_rows,), pad_token_id, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
-        logits = logits.float()
-        chosen = sample(logits, temperature, top_p)
-        picked = (
-            torch.log_softmax(logits / scale, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist()
-            if logprobs
-            else [0.0] * len(live)
-        )
+        chosen, picked = _pick(logits, temperature, top_p, scale, logprobs)
         still = []
         for row, tok, lp in zip(live, chosen.tolist(), picked, strict=True):
             tokens[row].append(tok)
