@@ -88,6 +88,7 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
     from pathlib import Path
 
     from eval.index import build_index, load_index
+    from zerosim.fsutil import build_once
     from zerosim.models import zerosim_home
 
     encoder = options.get("encoder")
@@ -99,8 +100,11 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
     corpus_path = Path(resolve_corpus(corpus)).resolve()
     key = json.dumps({"corpus": str(corpus_path), "kind": kind, **options}, sort_keys=True)
     target = zerosim_home() / "indexes" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if not (target / "manifest.json").is_file():
-        build_index(corpus_path, kind, target, **options)
+    build_once(
+        target,
+        done=(target / "manifest.json").is_file,
+        build=lambda: build_index(corpus_path, kind, target, **options),
+    )
     return load_index(target, corpus=corpus_path, encoder=encoder)
 
 

@@ -8,11 +8,16 @@ an index or checkpoint folder is meant to be read by whoever may read its parent
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+logger = logging.getLogger(__name__)
 
 _ATTEMPTS = 100
 
@@ -64,6 +69,31 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def build_once(target: str | Path, done: Callable[[], bool], build: Callable[[], object]) -> None:
+    """Build the cache entry ``target`` unless ``done()``, once across processes.
+
+    Two processes that start on a fresh cache at the same moment (the ranks of one ``accelerate launch``, a
+    simulator server beside training) would otherwise both build it, and the second rename can fail on the
+    first's finished folder. The builder holds a lock file beside ``target``; a waiter re-checks ``done()``
+    after the lock is released and uses what the other process built.
+    """
+    target = Path(target)
+    if done():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(target.parent / f".{target.name}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logger.info("another process is building %s; waiting for it", target)
+        lock.acquire()
+    try:
+        if not done():
+            build()
+    finally:
+        lock.release()
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

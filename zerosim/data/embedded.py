@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerosim.config import EMBEDDED_DATA
+from zerosim.fsutil import build_once
 from zerosim.models import zerosim_home
 
 FACTBOOK_VERSION = "v2"  # bump when the builder's output changes, so caches rebuild
@@ -21,8 +22,11 @@ def ensure_factbook(progress: bool = True):
 
     out = factbook_dir()
     paths = {name: out / f"{name}.jsonl" for name in ("corpus", "train", "dev", "test")}
-    if not all(p.is_file() for p in paths.values()):
-        build_factbook(out, progress=progress)
+    build_once(
+        out,
+        done=lambda: all(p.is_file() for p in paths.values()),
+        build=lambda: build_factbook(out, progress=progress),
+    )
     return EmbeddedPaths(**paths)
 
 
