@@ -59,7 +59,17 @@ def main() -> None:
     parser.add_argument(
         "--parts", default="batch,http,cache", help="comma-separated subset of batch,http,cache"
     )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="instead of the parts: time these simulator variants side by side, e.g. "
+        "'float32,bfloat16,bfloat16+invariant' (dtype, '+invariant' = search.simulator.batch_invariant)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="with --variants: runs per side (median)")
     args = parser.parse_args()
+    if args.variants:
+        bench_variants(args)
+        return
 
     import torch
 
@@ -126,6 +136,56 @@ def bench_batch(sim, requests, args, batched, t_batched):
         f"  decode steps: sequential {counter.steps}, batched {batched_steps} (mean {batched_rows / max(batched_steps, 1):.1f} "
         f"rows per step); steps ratio {counter.steps / max(batched_steps, 1):.1f}x = the bound on the speed-up"
     )
+
+
+def bench_variants(args) -> None:
+    """Batched vs sequential for several simulator variants in one run: each side's median of ``--repeats``,
+    the speed-up over the variant's own sequential loop and over the fastest sequential loop of the run."""
+    import torch
+
+    from simulators import LLMSimulator, TransformersBackend
+    from zerosim.models import load_causal_lm, load_tokenizer
+
+    requests = requests_for(args.requests)
+    tokenizer = load_tokenizer(args.model)
+    results = {}
+    for variant in args.variants.split(","):
+        dtype, _, flag = variant.partition("+")
+        torch.manual_seed(0)
+        backend = TransformersBackend(
+            load_causal_lm(args.model, dtype),
+            tokenizer,
+            model_id=args.model,
+            batch_invariant=flag == "invariant",
+        )
+        sim = LLMSimulator(
+            backend, max_new_tokens=args.max_new_tokens, temperature=0.0, on_short="fill", seed=0
+        )
+        sim.search(requests[:2], args.k)  # warm-up
+        runs_b, runs_s = [], []
+        for _ in range(args.repeats):
+            batched, t = timed(sim.search, requests, args.k)
+            runs_b.append(t)
+            sequential, t = timed(one_by_one, sim, requests, args.k)
+            runs_s.append(t)
+        same = sum(a == b for a, b in zip(batched, sequential, strict=True))
+        results[variant] = (statistics.median(runs_b), statistics.median(runs_s), same)
+        print(f"  {variant}: batched {runs_b}, sequential {runs_s}", flush=True)
+    fastest = min(t_s for _, t_s, _ in results.values())
+    print(
+        f"\nsimulator {args.model}: {len(requests)} requests, k={args.k}, {args.max_new_tokens} new tokens, "
+        f"median of {args.repeats}"
+    )
+    row("variant", "batched s", "sequential s", "vs own seq", "vs fastest", "identical")
+    for variant, (t_b, t_s, same) in results.items():
+        row(
+            variant,
+            f"{t_b:.2f}",
+            f"{t_s:.2f}",
+            f"{t_s / t_b:.1f}x",
+            f"{fastest / t_b:.1f}x",
+            f"{same}/{len(requests)}",
+        )
 
 
 def bench_http(model, tokenizer, requests, args, options, t_batched):
