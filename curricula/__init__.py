@@ -1,6 +1,6 @@
 """Curricula: how often searches return noisy documents as training goes on."""
 
-from curricula.noise import draw_noise, trajectory_noise
+from curricula.noise import draw_noise, search_source, trajectory_noise
 from curricula.schedules import (
     SCHEDULES,
     AdaptiveSchedule,
@@ -24,5 +24,6 @@ __all__ = [
     "StepSchedule",
     "build_schedule",
     "draw_noise",
+    "search_source",
     "trajectory_noise",
 ]

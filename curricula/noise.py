@@ -55,3 +55,21 @@ def trajectory_noise(
         granularity=granularity,
         _stream=(trajectory, search),
     )[0]
+
+
+SOURCE_STREAM = 0x5EA2C4  # salts the source draw's generator: a stream apart from the noise draw's
+
+
+def search_source(*, seed: int, step: int, trajectory: int, search: int, real_share: float) -> str:
+    """Which engine answers one search under ``search.engine=mixed``: ``"real"`` with probability
+    ``real_share``, else ``"sim"``.
+
+    Like :func:`trajectory_noise`, a pure function of (seed, step, trajectory's index in the global batch,
+    search number), so every rank of a multi-process run draws what one process would, and a resumed run
+    draws the same. The generator is salted with :data:`SOURCE_STREAM`: the source and the noise of a
+    search are independent draws (``real_share`` 0 is all ``"sim"``, 1 all ``"real"``).
+    """
+    if not 0.0 <= real_share <= 1.0:
+        raise ValueError(f"real_share must be in [0, 1], got {real_share}")
+    rng = np.random.default_rng([seed, step, SOURCE_STREAM, trajectory, search])
+    return "real" if rng.random() < real_share else "sim"

@@ -168,6 +168,13 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> EvalResult:
             for r in results
             for row in r.rows[: cfg.num_sample_trajectories]
         ]
+        # every question's scores: what paired comparisons of two policies on the same questions need
+        questions = [
+            {"dataset": r.name, "id": row.id, "em": row.em, "f1": row.f1, "cover_em": row.cover_em}
+            for r in results
+            for row in r.rows
+        ]
+        atomic_write_text(out_dir / "questions.jsonl", "".join(json.dumps(q) + "\n" for q in questions))
         atomic_write_text(out_dir / "table.json", json.dumps(rows, indent=2, sort_keys=True))
         atomic_write_text(out_dir / "table.md", md)
         mlflow.log_text(json.dumps(rows, indent=2, sort_keys=True), "table.json")

@@ -7,11 +7,13 @@ python scripts/gen_config_docs.py --check  # exit 1 if the file is stale (the te
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 from pathlib import Path
 
 import zerosim.config as C
+from zerosim.experiment import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "docs" / "configuration.md"
@@ -31,6 +33,7 @@ OTHER_COMMANDS = (
     ("zerosim simulator collect", C.SimulatorCollectConfig),
     ("zerosim simulator train", C.SimulatorTrainConfig),
     ("zerosim simulator eval", C.SimulatorEvalConfig),
+    ("zerosim experiment", ExperimentConfig),
 )
 
 
@@ -39,6 +42,8 @@ def _value(v) -> str:
         return f'"{v}"'
     if isinstance(v, list):
         return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(v) + "}"
     return repr(v)
 
 
@@ -53,21 +58,24 @@ def _valid(cls, name: str, prefix: str) -> str:
 
 
 def render() -> str:
-    src = Path(C.__file__).read_text()
     lines = list(HEADER)
 
     def walk(obj, prefix: str) -> None:
         """Own rows first, then nested sections; defaults read from the instance (what the command uses)."""
         cls = type(obj)
+        src = Path(inspect.getsourcefile(cls)).read_text()
         rows, nested = [], []
         for f in dataclasses.fields(cls):
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
                 nested.append((value, f"{prefix}{f.name}."))
                 continue
+            if isinstance(value, dict) and value and all(dataclasses.is_dataclass(v) for v in value.values()):
+                nested.append((type(next(iter(value.values())))(), f"{prefix}{f.name}.<name>."))
             m = re.search(rf"class {cls.__name__}\b.*?\n    {f.name}: [^=]+= .*?  # (.*?)\n", src, re.S)
             if m is None:
-                raise SystemExit(f"{cls.__name__}.{f.name} has no one-line doc comment in zerosim/config.py")
+                where = Path(inspect.getsourcefile(cls)).relative_to(ROOT)
+                raise SystemExit(f"{cls.__name__}.{f.name} has no one-line doc comment in {where}")
             rows.append(
                 f"| `{prefix}{f.name}` | `{_value(value)}` | {_valid(cls, f.name, prefix)} "
                 f"| {m.group(1).replace(' | ', ' / ')} |"
@@ -82,7 +90,7 @@ def render() -> str:
 
     walk(C.TrainConfig(), "")
     for command, cls in OTHER_COMMANDS:
-        lines.extend([f"# `{command}`", "", f"Fields of `zerosim.config.{cls.__name__}`.", ""])
+        lines.extend([f"# `{command}`", "", f"Fields of `{cls.__module__}.{cls.__name__}`.", ""])
         walk(cls(), "")
     return "\n".join(lines)
 

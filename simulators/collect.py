@@ -369,10 +369,10 @@ def run_collect(cfg: SimulatorCollectConfig, *, retriever: SearchEngine | None =
     if cfg.max_questions is not None and cfg.max_questions < len(questions):
         questions = rng.sample(questions, cfg.max_questions)
     if retriever is None:
-        if cfg.search.engine == "simulator":
+        if cfg.search.engine in ("simulator", "mixed"):
             raise ValueError(
-                "search.engine=simulator: collect needs a real retriever (bm25, dense, hybrid or http) — "
-                "the documents a simulator is trained to imitate"
+                f"search.engine={cfg.search.engine}: collect needs a real retriever (bm25, dense, hybrid or "
+                "http) — the documents a simulator is trained to imitate"
             )
         retriever = build_search_engine(cfg.search, seed=cfg.seed)
     if cfg.queries == "policy":

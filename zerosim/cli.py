@@ -215,6 +215,49 @@ def evaluate(
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 
 
+@app.command()
+def experiment(
+    config: Path = typer.Option(
+        ..., "--config", "-c", help="Experiment config, e.g. configs/experiments/sim-vs-real-cpu.yaml"
+    ),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. seeds=[0,1] eval.limit=50"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the stages, what will be reused and an estimated time; run nothing."
+    ),
+) -> None:
+    """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
+    from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
+    from zerosim.runtime import apply_threads
+
+    cfg = load_experiment(config, overrides or [])
+    root = Path(cfg.output_dir) / cfg.name
+    if dry_run:
+        from rich.console import Console
+        from rich.table import Table
+
+        rows = plan_rows(cfg, build_stages(cfg, root), root)
+        table = Table(title=f"zerosim experiment {config} -> {root} (dry run: nothing loaded)")
+        for column in ("stage", "status", "estimate", "what"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        total = sum(float(r[2].split()[0]) for r in rows)
+        table.caption = f"estimated {total:.0f} min for the stages to run (2 CPU cores, embedded models)"
+        Console(width=200).print(table)
+        return
+    apply_threads(cfg.runtime.threads)
+    started = time.perf_counter()
+    result = run_experiment(cfg, echo=lambda line: console.print(line, markup=False, highlight=False))
+    report = result.root / "report.md"
+    if report.is_file():
+        typer.echo(report.read_text())
+    minutes = (time.perf_counter() - started) / 60
+    console.print(
+        f"[bold green]done[/] {len(result.ran)} stages run, {len(result.reused)} reused, {minutes:.1f} min · "
+        f"MLflow run {result.parent_run_id} · {result.root}"
+    )
+
+
 @policy_app.command("warmstart")
 def policy_warmstart(
     config: Path = typer.Option(

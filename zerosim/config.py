@@ -128,8 +128,23 @@ class HTTPConfig:
 
 
 @dataclass
+class MixedConfig:
+    real: str = "bm25"  # engine=mixed: the real retriever beside the simulator: bm25 | dense | hybrid | http (its own search.<engine> settings)
+    real_share: float = 0.5  # engine=mixed: probability that a search goes to the real retriever (at step 0 when real_share_end is set)
+    real_share_end: float | None = (
+        None  # engine=mixed: the real share at the last step (schedule from real_share); None = real_share throughout
+    )
+    schedule: str = (
+        "linear"  # engine=mixed, real_share_end set: linear | cosine | exponential | step (curriculum shapes)
+    )
+    total_steps: int | None = (
+        None  # engine=mixed, real_share_end set: steps over which the share moves; None = trainer.max_steps
+    )
+
+
+@dataclass
 class SearchConfig:
-    engine: str = "simulator"  # simulator | bm25 | dense | hybrid | http — what answers the policy's <search>
+    engine: str = "simulator"  # simulator | bm25 | dense | hybrid | http | mixed (simulator or search.mixed.real per search) — what answers the policy's <search>
     k: int = 3  # documents per search
     negatives: str = "hard"  # curriculum noise over bm25/dense/hybrid: hard (ranks k+1..depth) / random (corpus) / none (ignore noise)
     negatives_depth: int = 30  # negatives=hard: retrieve this deep for the noisy slots
@@ -138,6 +153,7 @@ class SearchConfig:
     dense: DenseConfig = field(default_factory=DenseConfig)
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     http: HTTPConfig = field(default_factory=HTTPConfig)
+    mixed: MixedConfig = field(default_factory=MixedConfig)
 
 
 @dataclass
@@ -270,6 +286,9 @@ class TrackingConfig:
     experiment: str = "zerosim"  # MLflow experiment name
     num_sample_trajectories: int = 4  # trajectories per step written to the samples artifact
     sample_every: int = 1  # keep sample trajectories every N steps
+    parent_run_id: str | None = (
+        None  # nest this job's run under that active MLflow run (set by zerosim experiment)
+    )
 
 
 @dataclass
@@ -411,7 +430,9 @@ class SimulatorEvalConfig:
 # Choice-valued keys and their valid values; checked after merging.
 CHOICES: dict[str, tuple[str, ...]] = {
     "policy.dtype": ("auto", "float32", "bfloat16"),
-    "search.engine": ("simulator", "bm25", "dense", "hybrid", "http"),
+    "search.engine": ("simulator", "bm25", "dense", "hybrid", "http", "mixed"),
+    "search.mixed.real": ("bm25", "dense", "hybrid", "http"),
+    "search.mixed.schedule": ("linear", "cosine", "exponential", "step"),
     "validation.engine": ("train", "simulator", "bm25", "dense", "hybrid", "http"),
     "search.negatives": ("hard", "random", "none"),
     "search.dense.faiss_type": ("flat", "hnsw", "ivfpq"),
@@ -473,6 +494,11 @@ RANGES: dict[type, dict[str, str | tuple[str, str]]] = {
         "max_connections": ">=1",
     },
     SearchConfig: {"k": ">=1", "negatives_depth": ">=1"},
+    MixedConfig: {
+        "real_share": ("[0,1]", "a probability"),
+        "real_share_end": ("[0,1]", "a probability; null = real_share throughout"),
+        "total_steps": (">=1", "null = trainer.max_steps"),
+    },
     CurriculumConfig: {
         "p_start": ("[0,1]", "a probability"),
         "p_end": ("[0,1]", "a probability"),

@@ -13,8 +13,18 @@ def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
     return max(curriculum.p_start, curriculum.p_end) > 0
 
 
+def real_part(cfg: SearchConfig) -> SearchConfig:
+    """``cfg`` for the real retriever of ``search.engine=mixed`` (``search.mixed.real``, its own settings)."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, engine=cfg.mixed.real)
+
+
 def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
     """Why ``engine`` (built from ``cfg``) would drop the curriculum's noise, or ``None`` when it honours it."""
+    if cfg.engine == "mixed":  # the simulator part writes noisy documents itself; the real part decides
+        problem = noise_problem(engine.real, real_part(cfg))
+        return None if problem is None else f"its real part (search.mixed.real={cfg.mixed.real}): {problem}"
     if cfg.engine == "simulator":
         return None  # it writes noisy documents itself
     if cfg.engine == "http":
@@ -28,12 +38,9 @@ def check_noise_config(cfg: SearchConfig, curriculum: CurriculumConfig) -> None:
     """What :func:`check_noise` can tell from the config alone (``--dry-run``, before any engine is built):
     a noisy curriculum over a real retriever with ``search.negatives=none``."""
     # (over http, negatives=none leaves the slots to the engine behind the server: its /health decides)
-    if (
-        curriculum_adds_noise(curriculum)
-        and cfg.engine in ("bm25", "dense", "hybrid")
-        and cfg.negatives == "none"
-    ):
-        _refuse(cfg, f"search.negatives=none leaves the {cfg.engine} retriever's noisy slots unfilled")
+    kind = cfg.mixed.real if cfg.engine == "mixed" else cfg.engine  # mixed: its real part must fill them
+    if curriculum_adds_noise(curriculum) and kind in ("bm25", "dense", "hybrid") and cfg.negatives == "none":
+        _refuse(cfg, f"search.negatives=none leaves the {kind} retriever's noisy slots unfilled")
 
 
 def check_noise(engine: SearchEngine, cfg: SearchConfig) -> None:
@@ -44,7 +51,7 @@ def check_noise(engine: SearchEngine, cfg: SearchConfig) -> None:
 
 
 def _refuse(cfg: SearchConfig, problem: str) -> None:
-    if cfg.engine == "http":
+    if (cfg.mixed.real if cfg.engine == "mixed" else cfg.engine) == "http":
         fix = (
             "serve the index with this version's `zerosim serve retriever` (it fills noisy slots with corpus "
             "negatives; set search.negatives=hard|random)"
@@ -131,14 +138,24 @@ def with_negatives(retriever: SearchEngine, docs, cfg: SearchConfig, seed: int) 
 
 
 def build_search_engine(
-    cfg: SearchConfig, *, seed: int = 0, dtype: str = "auto", noise: bool = False
+    cfg: SearchConfig,
+    *,
+    seed: int = 0,
+    dtype: str = "auto",
+    noise: bool = False,
+    total_steps: int | None = None,
 ) -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer.
 
     ``noise=True`` (the run's curriculum can ask for noisy documents, :func:`curriculum_adds_noise`) refuses
     an engine that would silently answer them with plain documents: ``ConfigError`` naming the fix.
+    ``total_steps`` (the run's ``trainer.max_steps``) is the length of ``search.engine=mixed``'s real-share
+    schedule unless ``search.mixed.total_steps`` sets it.
     """
-    engine = _build(cfg, seed=seed, dtype=dtype)
+    if cfg.engine == "mixed":
+        engine = _mixed(cfg, seed=seed, dtype=dtype, total_steps=total_steps)
+    else:
+        engine = _build(cfg, seed=seed, dtype=dtype)
     if noise:
         try:
             check_noise(engine, cfg)
@@ -148,6 +165,26 @@ def build_search_engine(
                 close()
             raise
     return engine
+
+
+def _mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    """The simulator (as for ``engine=simulator``) and ``search.mixed.real`` (as for that engine, with
+    corpus negatives), routed per search (:class:`zerosim.mixed.MixedSearchEngine`)."""
+    import dataclasses
+
+    from zerosim.mixed import MixedSearchEngine, share_schedule
+
+    m = cfg.mixed
+    share = share_schedule(m.real_share, m.real_share_end, m.schedule, m.total_steps or total_steps or 1)
+    real = _build(real_part(cfg), seed=seed, dtype=dtype)
+    try:
+        simulator = _build(dataclasses.replace(cfg, engine="simulator"), seed=seed, dtype=dtype)
+    except BaseException:
+        close = getattr(real, "close", None)
+        if close is not None:
+            close()
+        raise
+    return MixedSearchEngine(simulator, real, share=share, seed=seed)
 
 
 def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
@@ -211,4 +248,6 @@ def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
             negatives_depth=cfg.negatives_depth,
             seed=seed,
         )
-    raise ValueError(f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http")
+    raise ValueError(
+        f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http, mixed"
+    )

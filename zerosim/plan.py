@@ -79,10 +79,29 @@ def _url(url: str, what: str) -> str:
     return url
 
 
+def _mixed(cfg: TrainConfig) -> str:
+    """``search.engine=mixed``: which real retriever takes which share of the searches, over the run."""
+    from zerosim.mixed import share_schedule
+
+    m = cfg.search.mixed
+    total = m.total_steps or cfg.trainer.max_steps
+    schedule = share_schedule(m.real_share, m.real_share_end, m.schedule, total)
+    if m.real_share_end is None:
+        share = f"{m.real_share:.2f} throughout"
+    else:
+        marks = sorted({0, total // 4, total // 2, 3 * total // 4, total})
+        share = f"{m.schedule}: " + ", ".join(f"{schedule.probability(i):.2f}@{i}" for i in marks)
+    return f"each search drawn: {m.real} with share {share}, the simulator otherwise"
+
+
 def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
     s = cfg.search
     rows = [("search", f"{s.engine}, k={s.k}")]
-    if s.engine == "simulator":
+    kinds = {s.engine}
+    if s.engine == "mixed":
+        rows.append(("mixed", _mixed(cfg)))
+        kinds = {"simulator", s.mixed.real}
+    if "simulator" in kinds:
         sim = s.simulator
         if sim.backend == "openai":
             rows.append(
@@ -102,18 +121,18 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
 
             SimulatorPrompts.from_file(sim.prompts_file)  # a malformed templates file fails here
             rows.append(("simulator prompts", sim.prompts_file))
-    elif s.engine == "http":
+    if "http" in kinds:
         rows.append(
             (
                 "retriever",
                 f"{_url(s.http.url, 'search.http.url')} ({s.http.max_connections} connection(s) per process)",
             )
         )
-    elif s.engine in ("bm25", "hybrid"):
+    if kinds & {"bm25", "hybrid"}:
         _exists(s.bm25.corpus, "search.bm25.corpus", "corpus file")
         _exists(s.bm25.index_dir, "search.bm25.index_dir", "index folder")
         rows.append(("corpus", s.bm25.corpus + (f" (index {s.bm25.index_dir})" if s.bm25.index_dir else "")))
-    if s.engine in ("dense", "hybrid"):
+    if kinds & {"dense", "hybrid"}:
         _exists(s.dense.corpus, "search.dense.corpus", "corpus file")
         _exists(s.dense.index_dir, "search.dense.index_dir", "index folder")
         rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
@@ -128,6 +147,11 @@ def _validation(cfg: TrainConfig) -> str:
         return "off"
     data = "the first training questions" if v.data is None else _data(v.data, v.split, "validation.data")
     engine = "the training engine, no noise" if v.engine == "train" else v.engine
+    if v.engine == "train" and cfg.search.engine == "mixed":
+        engine = (
+            f"the training mix at real share {cfg.search.mixed.real_share:g} (step 0's; the same routes "
+            "every pass), no noise"
+        )
     start = "step 0, " if v.on_start else ""
     return f"greedy, {start}every {v.every} steps and the last: <= {v.max_examples} of {data}; {engine}"
 

@@ -14,7 +14,8 @@ starts with one all-reduce (:class:`zerosim.distributed.TurnSync`), a rank whose
 keeps taking part in collective generation (``idle``) and calls the engine every turn like the others,
 until no rank has work left. The noise of each search is a pure function of (seed, step, trajectory's
 index in the global batch, search number), so a rank draws what one process rolling out the whole batch
-would have drawn.
+would have drawn. Under ``search.engine=mixed`` each search's source (simulator or real retriever) is drawn
+the same way (:func:`curricula.search_source`), and ``mixed/*`` metrics split the step by source.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from curricula import NoiseSchedule, trajectory_noise
+from curricula import NoiseSchedule, search_source, trajectory_noise
 from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnSync
 from zerosim.generation import Generation, HFGenerator, VLLMGenerator
 from zerosim.metrics import exact_match, f1_score
+from zerosim.mixed import GROUPS, find_mixed, source_group
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 STOP_STRINGS = ("</search>", "</answer>")
@@ -94,10 +96,16 @@ class Trajectory:
     search_docs: list[list[Document]] = field(default_factory=list)  # per search, its documents
     search_close: list[int] = field(default_factory=list)  # per search, index of its closing policy token
     step_rewards: list[float] = field(default_factory=list)  # per search (StepSearch-style), when enabled
+    sources: list[str] = field(default_factory=list)  # search.engine=mixed: per search, "real" or "sim"
 
     @property
     def done(self) -> bool:
         return bool(self.finish)
+
+    @property
+    def source_group(self) -> str:
+        """``real`` / ``sim`` (every search answered by that source), ``both``, or ``none`` (no search)."""
+        return source_group(self.sources)
 
     @property
     def valid_format(self) -> bool:
@@ -179,6 +187,7 @@ class SearchRollout:
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
         self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
         self._eos_ids = [tokenizer.eos_token_id]
+        self.mixed = find_mixed(engine)  # search.engine=mixed: each search's source is drawn here
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return self.tokens.prompt(prompt)
@@ -233,6 +242,8 @@ class SearchRollout:
             "num_searches": [t.searches for t in trajectories],
             "valid_format": [t.valid_format for t in trajectories],
             "step_reward_total": [sum(t.step_rewards) for t in trajectories],
+            # mixed: each trajectory's source group, for the reward by source (train.instrumented)
+            **({"search_source": [t.source_group for t in trajectories]} if self.mixed is not None else {}),
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -336,6 +347,7 @@ class SearchRollout:
         return trajectories, timing
 
     def _search(self, searching: list[tuple[Trajectory, str]], step: int, p_noise: float) -> None:
+        share = self.mixed.real_share(step) if self.mixed is not None else None
         requests = [
             SearchRequest(
                 query=q,
@@ -350,13 +362,18 @@ class SearchRollout:
                     p=p_noise,
                     granularity=self.granularity,
                 ),
+                source=None
+                if share is None
+                else search_source(
+                    seed=self.seed, step=step, trajectory=t.index, search=t.searches, real_share=share
+                ),
             )
             for t, q in searching
         ]
         results = self.engine.search(requests, self.k)
         if len(results) != len(requests):
             raise SearchError(f"search engine answered {len(results)} results for {len(requests)} requests")
-        for (traj, query), docs in zip(searching, results, strict=True):
+        for (traj, query), request, docs in zip(searching, requests, results, strict=True):
             if not docs:
                 raise SearchError(f"search engine returned no documents for query {query!r}")
             traj.searches += 1
@@ -368,7 +385,11 @@ class SearchRollout:
             traj.add_environment(self.tokens.observation(docs))
             if len(traj.completion_ids) >= self.config.max_completion_tokens:
                 traj.finish = "max_tokens"
-            traj.events.append({"query": query, "noisy": [d.noisy for d in docs]})
+            event: dict[str, Any] = {"query": query, "noisy": [d.noisy for d in docs]}
+            if request.source is not None:
+                traj.sources.append(request.source)
+                event["source"] = request.source
+            traj.events.append(event)
 
     # -- reporting -----------------------------------------------------------------------------------------
     def metrics(
@@ -398,7 +419,29 @@ class SearchRollout:
                 else {}
             ),
             **engine_counters(self.engine),
+            **(self.mixed_metrics(trajectories, step) if self.mixed is not None else {}),
         }
+
+    def mixed_metrics(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        """``mixed/*``: the scheduled real share, the share of searches the real retriever answered, and per
+        source group of trajectories (``real``, ``sim``, ``both``, ``none``: see
+        :attr:`Trajectory.source_group`) its share of the trajectories, EM, F1 (a missing answer counts 0)
+        and searches per trajectory. A group absent from the step has no keys (not 0)."""
+        out = {"mixed/real_share": self.mixed.real_share(step)}
+        searches = sum(len(t.sources) for t in trajectories)
+        if searches:
+            real = sum(s == "real" for t in trajectories for s in t.sources)
+            out["mixed/real_search_share"] = real / searches
+        for group in GROUPS:
+            members = [t for t in trajectories if t.source_group == group]
+            if not members:
+                continue
+            n = len(members)
+            out[f"mixed/{group}/share"] = n / len(trajectories)
+            out[f"mixed/{group}/em"] = sum(exact_match(t.answer, t.answers) for t in members if t.answer) / n
+            out[f"mixed/{group}/f1"] = sum(f1_score(t.answer, t.answers) for t in members if t.answer) / n
+            out[f"mixed/{group}/searches"] = sum(t.searches for t in members) / n
+        return out
 
     def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:
         if step % self.sample_every:
@@ -427,15 +470,22 @@ def engine_counters(engine: Any) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     seen: set[int] = set()
-    while engine is not None and id(engine) not in seen:
+    pending = [engine]
+    while pending:
+        engine = pending.pop(0)
+        if engine is None or id(engine) in seen:
+            continue
         seen.add(id(engine))
         stats = getattr(engine, "stats", None)
         if isinstance(stats, Mapping):
             layer = type(engine).__name__.removesuffix("SearchEngine").lower()
             layer = {"cached": "cache", "llmsimulator": "simulator"}.get(layer, layer)
             out.update({f"search/{layer}/{key}": float(value) for key, value in stats.items()})
-        # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever
-        engine = getattr(engine, "engine", None) or getattr(engine, "retriever", None)
+        # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever, and both
+        # parts of a MixedSearchEngine (its simulator and its real retriever)
+        parts = getattr(engine, "parts", None)
+        pending += list(parts.values()) if isinstance(parts, Mapping) else []
+        pending.append(getattr(engine, "engine", None) or getattr(engine, "retriever", None))
     return out
 
 

@@ -51,13 +51,16 @@ class SearchRequest:
     ``question`` and ``answers`` are the user's question and gold answers (a simulator uses them to write
     useful or noisy documents; real retrievers ignore them). ``noise`` holds one bool per result slot,
     decided by the curriculum: ``True`` means that slot should be a noisy (unhelpful) document. ``None``
-    means no curriculum noise (all useful).
+    means no curriculum noise (all useful). ``source`` routes the request under ``search.engine=mixed``:
+    ``"real"`` or ``"sim"``, drawn by the rollout (:func:`curricula.search_source`); every other engine
+    ignores it, and ``None`` leaves the choice to the mixed engine (:class:`zerosim.mixed.MixedSearchEngine`).
     """
 
     query: str
     question: str | None = None
     answers: tuple[str, ...] = ()
     noise: tuple[bool, ...] | None = field(default=None)
+    source: str | None = None
 
     def noise_for(self, k: int) -> tuple[bool, ...]:
         """The per-slot noise pattern for ``k`` results (all useful when unset)."""

@@ -41,6 +41,8 @@ def mlflow_run(
     import mlflow
 
     configure(tracking, experiment=run_id is None)
+    # a stage of `zerosim experiment`: a nested run under the experiment's run (active in this process)
+    nesting = {"nested": True, "parent_run_id": tracking.parent_run_id} if tracking.parent_run_id else {}
     if run_id is not None:
         from mlflow.exceptions import MlflowException
 
@@ -54,11 +56,11 @@ def mlflow_run(
         # the run's own experiment, whatever tracking.experiment says now
         mlflow.set_experiment(experiment_id=found.info.experiment_id)
         _LOGGED[run_id] = logged_steps(run_id)
-        run = mlflow.start_run(run_id=run_id)
+        run = mlflow.start_run(run_id=run_id, **nesting)
         if tags:
             mlflow.set_tags(dict(tags))
     else:
-        run = mlflow.start_run(run_name=run_name, tags=dict(tags or {}))
+        run = mlflow.start_run(run_name=run_name, tags=dict(tags or {}), **nesting)
     try:
         yield run
     except BaseException:

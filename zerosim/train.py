@@ -208,7 +208,8 @@ def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
 
 def instrumented(schedule, reward_func, procs=None):
     """``reward_func`` timed (``time/reward_s``) and, for schedules with ``observe`` (adaptive), reporting
-    each step's mean reward to the schedule.
+    each step's mean reward to the schedule. Under ``search.engine=mixed`` (the rollout passes each
+    trajectory's ``search_source`` group) it also logs ``mixed/<group>/reward``, the mean reward per group.
 
     The mean is the whole batch's: with several processes (``procs``, accelerate's ``PartialState``) each
     rank's reward sum and count are all-reduced, so every rank's schedule sees the same signal and holds the
@@ -225,6 +226,8 @@ def instrumented(schedule, reward_func, procs=None):
         rewards = reward_func(*args, **kwargs)
         if log_metric is not None:
             log_metric("time/reward_s", time.perf_counter() - started)
+            for name, value in reward_by_source(rewards, kwargs.get("search_source")).items():
+                log_metric(name, value)
         if observe is not None and trainer_state is not None:
             scored = [float(r) for r in rewards if r is not None and math.isfinite(r)]
             total, count = sum(scored), float(len(scored))
@@ -238,6 +241,20 @@ def instrumented(schedule, reward_func, procs=None):
 
     reward.__name__ = reward_func.__name__
     return reward
+
+
+def reward_by_source(rewards, groups) -> dict[str, float]:
+    """``mixed/<group>/reward``: the mean reward of the trajectories of each source group present
+    (``groups``: the rollout's ``search_source`` column; ``None`` outside ``search.engine=mixed``)."""
+    import math
+
+    if not groups:
+        return {}
+    by_group: dict[str, list[float]] = {}
+    for reward, group in zip(rewards, groups, strict=True):
+        if reward is not None and math.isfinite(reward):
+            by_group.setdefault(group, []).append(float(reward))
+    return {f"mixed/{g}/reward": sum(v) / len(v) for g, v in by_group.items()}
 
 
 def build_validation(cfg: TrainConfig, questions, engine, tokenizer, trainer_ref):
@@ -300,7 +317,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     # the engine before the policy (and a warm start): a damaged index, a server that is down or cannot
     # honour the curriculum's noise stops the job before any policy weight loads
     engine = build_search_engine(
-        cfg.search, seed=cfg.run.seed, dtype=cfg.policy.dtype, noise=curriculum_adds_noise(cfg.curriculum)
+        cfg.search,
+        seed=cfg.run.seed,
+        dtype=cfg.policy.dtype,
+        noise=curriculum_adds_noise(cfg.curriculum),
+        total_steps=cfg.trainer.max_steps,  # engine=mixed: the real share's schedule length by default
     )
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:

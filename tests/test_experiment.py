@@ -1,0 +1,210 @@
+"""`zerosim experiment`: the smoke preset end to end on tiny models (every stage, the report, reuse, a kill,
+a changed arm), and the bootstrap on cases whose answer is known."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
+
+
+def test_bootstrap_interval_of_a_known_mean():
+    from zerosim.experiment import bootstrap_mean
+
+    x = np.array([1.0] * 200 + [0.0] * 200)  # mean 0.5, standard error 0.025
+    mean, low, high = bootstrap_mean(x, confidence=0.95, resamples=4000, seed=0)
+    assert mean == 0.5
+    assert low == pytest.approx(0.5 - 1.96 * 0.025, abs=0.008)
+    assert high == pytest.approx(0.5 + 1.96 * 0.025, abs=0.008)
+
+
+def test_paired_bootstrap_sees_what_an_unpaired_one_cannot():
+    """Two policies answer the same 400 questions; b is right on 200, a on the same 200 less 20: a's EM is 90%
+    of b's, and pairing makes that interval tight (unpaired, the two means' intervals overlap)."""
+    from zerosim.experiment import bootstrap_mean, paired_ratio
+
+    b = np.array([1.0] * 200 + [0.0] * 200)
+    a = b.copy()
+    a[:20] = 0.0
+    stats = paired_ratio(a, b, confidence=0.95, resamples=4000, seed=0)
+    assert stats["ratio"] == pytest.approx(0.9)
+    assert stats["diff"] == pytest.approx(-0.05)
+    assert stats["ratio_low"] < 0.9 < stats["ratio_high"]
+    assert stats["ratio_high"] < 0.95  # a is worse, and the paired interval says so
+    assert stats["diff_high"] < 0
+    _, a_low, a_high = bootstrap_mean(a, confidence=0.95, resamples=4000, seed=0)
+    _, b_low, b_high = bootstrap_mean(b, confidence=0.95, resamples=4000, seed=0)
+    assert a_high > b_low  # unpaired intervals overlap
+    # identical answers: ratio exactly 1 with a zero-width interval; a reference at 0 gives no ratio
+    same = paired_ratio(b, b, confidence=0.95, resamples=500, seed=0)
+    assert (same["ratio"], same["ratio_low"], same["ratio_high"]) == (1.0, 1.0, 1.0)
+    zero = paired_ratio(a, np.zeros_like(a), confidence=0.95, resamples=500, seed=0)
+    assert np.isnan(zero["ratio"]) and zero["diff"] == pytest.approx(0.45)
+
+
+@pytest.fixture
+def tiny_experiment(tmp_path, tiny_model_dir):
+    """The smoke preset pointed at the tiny model, a tiny corpus and QA file, and a temporary store."""
+    rows = [
+        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
+        for i, c in enumerate("ABCDEFGH")
+    ]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
+            + "\n"
+            for i, c in enumerate("ABCDEFGH")
+        )
+    )
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["base"] = str(ROOT / cfg["base"])
+    cfg["output_dir"] = str(tmp_path / "experiments")
+    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "exp"}
+    cfg["runtime"] = {"threads": 1}
+    data = [f"data.train={qa}", f"search.bm25.corpus={corpus}", f"search.dense.corpus={corpus}"]
+    cfg["overrides"] += [
+        f"policy.model={tiny_model_dir}", f"search.simulator.model={tiny_model_dir}", *data,
+        f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "rollout.max_new_tokens=8",
+        "search.simulator.max_new_tokens=16",
+    ]  # fmt: skip
+    sim = cfg["simulator"]
+    sim["collect"] += [f"data={qa}", f"search.bm25.corpus={corpus}", "max_questions=8"]
+    sim["sft"] += [f"model={tiny_model_dir}", "max_length=128"]
+    sim["dpo_overrides"] += ["max_length=128"]
+    sim["quality"] += [f"data={qa}", "limit=2", "split=train", "simulator.max_new_tokens=16"]
+    cfg["eval"].update(datasets=[str(qa)], limit=4, batch_size=4)
+    cfg["eval"]["overrides"] = ["max_answer_tokens=8"]
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, tmp_path
+
+
+def _cli(*args, timeout=900):
+    cmd = [sys.executable, "-m", "zerosim.cli", "experiment", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _stages(root: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in (root / "stages").glob("*/stage.json")}
+
+
+def test_smoke_experiment_end_to_end(tiny_experiment):
+    import mlflow
+
+    config, tmp = tiny_experiment
+    root = tmp / "experiments" / "sim-vs-real-smoke"
+
+    # a kill (SIGKILL, no cleanup) once the warm start has finished: the next run continues from there
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerosim.cli", "experiment", "--config", str(config)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not (root / "stages" / "warmstart" / "stage.json").is_file():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _stages(root)
+    assert {"sim-collect", "sim-sft", "sim-dpo", "sim-quality", "warmstart"} <= set(before)
+    assert "report" not in before
+
+    dry = _cli("--config", config, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    for name in before:
+        assert f"{name} " in dry.stdout or f"{name}│" in dry.stdout.replace(" ", "")
+    assert "reuse" in dry.stdout and "estimated" in dry.stdout
+
+    done = _cli("--config", config)
+    assert done.returncode == 0, done.stderr[-4000:]
+    stages = _stages(root)
+    for name, record in before.items():
+        assert stages[name]["finished"] == record["finished"], f"{name} ran again after the kill"
+    arms = {"sim", "sim-nocurriculum", "real", "mixed", "none"}
+    assert {f"train-{a}-s0" for a in arms - {"none"}} <= set(stages)
+    assert {f"eval-{a}-s0-bm25" for a in arms} <= set(stages)
+    assert {"baseline-direct-none", "baseline-rag-bm25", "report"} <= set(stages)
+
+    report = json.loads((root / "report.json").read_text())
+    assert {r["arm"] for r in report["rows"]} == arms | {"base-direct", "base-rag"}
+    for row in report["rows"]:
+        assert row["n"] == 4
+        for k in ("em", "f1", "cover_em"):
+            assert row[f"{k}_low"] <= row[k] <= row[f"{k}_high"]
+    assert {c["arm"] for c in report["comparisons"]} == arms - {"real"} | {"base-rag"}
+    manifest = report["manifest"]
+    assert len(manifest["corpus"]["bm25"]["sha256"]) == 64
+    assert manifest["search"]["k"] == 2 and manifest["rollout"]["max_turns"] == 2
+    assert manifest["seeds"] == [0] and "torch" in manifest["versions"]
+    assert set(manifest["stages"]) == set(stages) - {"report"}
+    assert all(s["seconds"] > 0 and s["config"] for s in manifest["stages"].values())
+    md = (root / "report.md").read_text()
+    assert sum(line.startswith("- ") for line in md.splitlines()) == len(report["comparisons"])
+    assert (root / "report.png").stat().st_size > 1000
+
+    # MLflow: one parent run, every job run nested under it
+    mlflow.set_tracking_uri(f"sqlite:///{tmp / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["exp"], output_format="list")
+    (parent,) = [r for r in runs if r.data.tags.get("zerosim.job") == "experiment"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    jobs = sorted(r.data.tags.get("zerosim.job", "?") for r in children)
+    assert jobs.count("train") == 4 and jobs.count("eval") == 7, jobs
+    assert "report.png" in {a.path for a in mlflow.MlflowClient().list_artifacts(parent.info.run_id)}
+
+    # the same command again: every stage reused, nothing re-run
+    again = _cli("--config", config)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _stages(root) == stages
+    assert "0 stages run" in again.stderr
+
+    # a changed arm re-runs that arm (training, eval) and the report only
+    cfg = yaml.safe_load(config.read_text())
+    cfg["arms"] = {"mixed": {"overrides": [
+        "search.engine=mixed", "search.simulator.model={simulator}", "search.mixed.real=bm25",
+        "search.mixed.real_share=1.0",
+    ]}}  # fmt: skip
+    config.write_text(yaml.safe_dump(cfg))
+    changed = _cli("--config", config)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    after = _stages(root)
+    rerun = {name for name in after if after[name]["finished"] != stages[name]["finished"]}
+    assert rerun == {"train-mixed-s0", "eval-mixed-s0-bm25", "report"}
+
+
+def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
+    """`train_launcher` (e.g. `accelerate launch ...`) gets `-m zerosim.cli train --config <stage>/train.yaml`,
+    and the stage's outputs are read from what that job wrote."""
+    from zerosim.config import TrainConfig, load_config
+    from zerosim.experiment import ExperimentConfig, Stage, _run_stage
+
+    fake = tmp_path / "launcher.py"
+    fake.write_text(
+        "import json, sys, pathlib, yaml\n"
+        "args = sys.argv[1:]\n"
+        "cfg = yaml.safe_load(pathlib.Path(args[args.index('--config') + 1]).read_text())\n"
+        "out = pathlib.Path(cfg['run']['output_dir']) / cfg['run']['name']\n"
+        "(out / 'final').mkdir(parents=True)\n"
+        "(out / 'mlflow_run.json').write_text(json.dumps({'run_id': 'r1'}))\n"
+        "(out / 'argv.json').write_text(json.dumps(args))\n"
+    )
+    out = tmp_path / "stages" / "train-real-s0"
+    train = load_config(None, [f"run.output_dir={out}", "run.name=real"], schema=TrainConfig)
+    cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake} --num_processes 2")
+    result = _run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
+    argv = json.loads((out / "real" / "argv.json").read_text())
+    assert argv == ["--num_processes", "2", "-m", "zerosim.cli", "train", "--config", str(out / "train.yaml")]
+    assert result == {"path": str(out / "real" / "final"), "run_id": "r1", "steps": train.trainer.max_steps}
+    written = load_config(out / "train.yaml", schema=TrainConfig)
+    assert written.run.output_dir == str(out) and written.run.resume is False
