@@ -119,7 +119,6 @@ def main() -> None:
 
     import torch
 
-    from curricula import ConstantSchedule
     from zerosim.config import RolloutConfig, SearchConfig
     from zerosim.data.embedded import load_questions
     from zerosim.engines import build_search_engine
@@ -139,9 +138,7 @@ def main() -> None:
             max_completion_tokens=480, temperature=temperature,
         )  # fmt: skip
         examples = {build_prompt(q.question): (q.question, q.golden_answers) for q in questions}
-        return SearchRollout(
-            tokenizer, engine, config=config, k=2, schedule=ConstantSchedule(0.0), examples=examples
-        )
+        return SearchRollout(tokenizer, engine, config=config, k=2, examples=examples)
 
     def generator(decoder: str, temperature: float) -> HFGenerator:
         return HFGenerator(

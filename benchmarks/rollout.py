@@ -170,7 +170,6 @@ def main() -> None:
 
     import torch
 
-    from curricula import ConstantSchedule
     from zerosim.config import RolloutConfig, SearchConfig
     from zerosim.data.embedded import load_questions
     from zerosim.engines import build_search_engine
@@ -188,7 +187,6 @@ def main() -> None:
         engine,
         config=config,
         k=args.k,
-        schedule=ConstantSchedule(0.0),
         examples={build_prompt(q.question): (q.question, q.golden_answers) for q in questions},
         seed=args.seed,
     )

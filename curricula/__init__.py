@@ -1,6 +1,9 @@
-"""Curricula: how often searches return noisy documents as training goes on."""
+"""Curricula: what the searches of a training run return as it goes on — how often noisy documents (the
+schedules and their draws, corpus negatives over real retrievers), and, under ``search.engine=mixed``, which
+engine answers."""
 
-from curricula.noise import draw_noise, search_source, trajectory_noise
+from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
+from curricula.noise import CurriculumNoise, draw_noise, search_source, trajectory_noise
 from curricula.schedules import (
     SCHEDULES,
     AdaptiveSchedule,
@@ -15,6 +18,10 @@ from curricula.schedules import (
 
 __all__ = [
     "SCHEDULES",
+    "CurriculumNoise",
+    "MixedSearchEngine",
+    "find_mixed",
+    "share_schedule",
     "AdaptiveSchedule",
     "ConstantSchedule",
     "CosineSchedule",

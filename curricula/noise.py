@@ -73,3 +73,25 @@ def search_source(*, seed: int, step: int, trajectory: int, search: int, real_sh
         raise ValueError(f"real_share must be in [0, 1], got {real_share}")
     rng = np.random.default_rng([seed, step, SOURCE_STREAM, trajectory, search])
     return "real" if rng.random() < real_share else "sim"
+
+
+class CurriculumNoise:
+    """The rollout's noise function (:data:`zerosim.rollout.NoiseFn`): the noise pattern of a search, drawn
+    by :func:`trajectory_noise` at ``schedule``'s probability for the step."""
+
+    def __init__(self, schedule, *, seed: int, k: int, granularity: str = "call"):
+        self.schedule = schedule
+        self.seed = seed
+        self.k = k
+        self.granularity = granularity
+
+    def __call__(self, step: int, trajectory: int, search: int) -> tuple[bool, ...]:
+        return trajectory_noise(
+            seed=self.seed,
+            step=step,
+            trajectory=trajectory,
+            search=search,
+            k=self.k,
+            p=self.schedule.probability(step),
+            granularity=self.granularity,
+        )

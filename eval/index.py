@@ -29,42 +29,27 @@ import contextlib
 import hashlib
 import json
 import logging
-import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from eval.index_errors import (
+    DOCS,
+    IndexMismatchError,
+    damaged_index_error,
+    rebuild_command,
+    rebuild_index_command,
+    recorded_source,
+)
 from zerosim.fsutil import atomic_directory
 from zerosim.search import Document, SearchEngine
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-DOCS = "docs.jsonl"
 EMBEDDINGS = "embeddings.f32"
 MANIFEST_FORMAT = 2  # 2: adds "checksum"; format 1 indexes still load (their passages are verified)
 KINDS = ("bm25", "dense")
 _HASH_BLOCK = 1 << 20
-
-
-class IndexMismatchError(ValueError):
-    """An index does not fit what it is loaded with (other corpus, encoder or dimension), or its files no
-    longer fit its manifest (docs.jsonl or manifest.json changed after the build, stored vectors missing);
-    the message names the folder, what differs, expected vs found, and the command that rebuilds it."""
-
-
-def rebuild_command(
-    corpus: str | Path,
-    kind: str,
-    out: str | Path,
-    *,
-    encoder: str | None = None,
-    faiss_type: str | None = None,
-) -> str:
-    """The ``zerosim index build`` command line that builds this index."""
-    args = ["zerosim", "index", "build", "--corpus", str(corpus), "--kind", kind, "--out", str(out)]
-    if kind == "dense":
-        args += ["--encoder", encoder or "minilm", "--faiss-type", faiss_type or "flat"]
-    return shlex.join(args)
 
 
 def _doc_line(doc: Document) -> bytes:
@@ -261,7 +246,7 @@ def read_manifest(index_dir: str | Path) -> dict:
         raise IndexMismatchError(
             f"index {index_dir}: {MANIFEST} has format {fmt!r}, this zerosim reads formats 1 to "
             f"{MANIFEST_FORMAT}; upgrade zerosim, or rebuild it with: "
-            f"{rebuild_command(_source(manifest, None), manifest['kind'], index_dir)}"
+            f"{rebuild_command(recorded_source(manifest, None), manifest['kind'], index_dir)}"
         )
     if not isinstance(manifest.get("corpus"), dict) or not isinstance(manifest.get(manifest["kind"]), dict):
         raise damaged_index_error(
@@ -270,32 +255,9 @@ def read_manifest(index_dir: str | Path) -> dict:
     return manifest
 
 
-def _source(manifest: dict, corpus: str | Path | None) -> str:
-    recorded = manifest.get("corpus") if isinstance(manifest.get("corpus"), dict) else {}
-    return str(corpus or recorded.get("source") or "CORPUS.jsonl")
-
-
-def _rebuild(index_dir: Path, manifest: dict, corpus: str | Path | None) -> str:
-    dense = manifest.get("dense") if isinstance(manifest.get("dense"), dict) else {}
-    return rebuild_command(
-        _source(manifest, corpus),
-        manifest["kind"],
-        index_dir,
-        encoder=dense.get("encoder"),
-        faiss_type=dense.get("faiss_type"),
-    )
-
-
 def _mismatch(index_dir: Path, manifest: dict, what: str, corpus: str | Path | None) -> IndexMismatchError:
     return IndexMismatchError(
-        f"index {index_dir} does not match: {what}. Rebuild it with: {_rebuild(index_dir, manifest, corpus)}"
-    )
-
-
-def damaged_index_error(index_dir: Path, manifest: dict, what: str) -> IndexMismatchError:
-    """The error for an index whose files no longer fit its manifest (changed or lost after the build)."""
-    return IndexMismatchError(
-        f"index {index_dir} is damaged: {what}. Rebuild it with: {_rebuild(index_dir, manifest, None)}"
+        f"index {index_dir} does not match: {what}. Rebuild it with: {rebuild_index_command(index_dir, manifest, corpus)}"
     )
 
 
@@ -422,7 +384,7 @@ def load_index(
     if kind is not None and kind != manifest["kind"]:
         raise IndexMismatchError(
             f"index {index_dir} is a {manifest['kind']} index, not a {kind} one: point the {kind} settings at "
-            f"a {kind} index, or build one with: {rebuild_command(_source(manifest, corpus), kind, index_dir.parent / f'{index_dir.name}-{kind}')}"
+            f"a {kind} index, or build one with: {rebuild_command(recorded_source(manifest, corpus), kind, index_dir.parent / f'{index_dir.name}-{kind}')}"
         )
     if corpus is not None:
         expected, found = manifest["corpus"], corpus_file_fingerprint(corpus)
@@ -472,12 +434,3 @@ def load_index(
         "" if corpus is None else f" (checked against {corpus})",
     )
     return engine
-
-
-def check_stored_count(index_dir: Path, manifest: dict, what: str, count: int, passages: int) -> None:
-    """Raise the damaged-index error when the stored bm25s / faiss data holds ``count`` entries for
-    ``passages`` passages (row i of docs.jsonl is entry i: a difference sends queries to missing rows)."""
-    if count != passages:
-        raise damaged_index_error(
-            index_dir, manifest, f"{what} holds {count} entries but {DOCS} {passages} passages"
-        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown
 from zerosim.config import ConfigError, EvalConfig
 from zerosim.data.embedded import load_questions
 from zerosim.fsutil import atomic_write_text
+from zerosim.search import SearchEngine
 from zerosim.tracking import log_config, log_jsonl, mlflow_run
 
 
@@ -128,20 +130,24 @@ def _training_run_of(policy_path: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def run_eval(cfg: EvalConfig, progress: bool = True) -> EvalResult:
+def run_eval(
+    cfg: EvalConfig, *, build_engine: Callable[..., SearchEngine] | None = None, progress: bool = True
+) -> EvalResult:
+    """Evaluate ``cfg.policy``; the search engine (every method but ``direct``) comes from
+    ``build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)`` — the app's factory,
+    :func:`zerosim.engines.build_search_engine` — called once the datasets and the policy have loaded."""
     import mlflow
     import torch
 
-    from zerosim.engines import build_search_engine
     from zerosim.models import load_causal_lm, load_tokenizer
 
     torch.manual_seed(cfg.seed)
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
     tokenizer = load_tokenizer(cfg.policy)
     model = load_causal_lm(cfg.policy, cfg.dtype)
-    engine = (
-        None if cfg.method == "direct" else build_search_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)
-    )
+    if cfg.method != "direct" and build_engine is None:
+        raise TypeError(f"method {cfg.method} needs build_engine= (zerosim.engines.build_search_engine)")
+    engine = None if cfg.method == "direct" else build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)
     evaluator = Evaluator(cfg, model, tokenizer, engine)
     engine_name = "none" if cfg.method == "direct" else cfg.search.engine
     run_name = cfg.run_name or f"{cfg.method}-{engine_name}"

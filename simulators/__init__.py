@@ -2,9 +2,9 @@
 
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.cache import CachedSearchEngine
-from simulators.llm import LLMSimulator, load_prompts
+from simulators.llm import LLMSimulator
 from simulators.parsing import split_documents
-from simulators.prompts import SimulatorPrompts
+from simulators.prompts import SimulatorPrompts, load_prompts
 
 __all__ = [
     "CachedSearchEngine",

@@ -20,7 +20,7 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,7 +236,6 @@ def policy_queries(
     Each distinct (question, query) pair is kept once, with the retriever's top ``depth`` documents.
     ``generator``/``tokenizer`` replace the policy loaded from ``cfg.policy`` (tests script them).
     """
-    from curricula import ConstantSchedule
     from zerosim.models import load_causal_lm, load_tokenizer
     from zerosim.rollout import SearchRollout, build_prompt
 
@@ -248,9 +247,7 @@ def policy_queries(
         recorder,
         config=cfg.rollout,
         k=cfg.k,
-        schedule=ConstantSchedule(0.0),
         examples={build_prompt(q.question): (q.question, q.golden_answers) for q in questions},
-        seed=cfg.seed,
     )
     generator = generator or rollout.generator_for(load_causal_lm(cfg.policy))
     for start in tqdm(range(0, len(questions), cfg.batch_size), desc="policy rollouts", unit="batch"):
@@ -357,10 +354,18 @@ def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
     atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-def run_collect(cfg: SimulatorCollectConfig, *, retriever: SearchEngine | None = None) -> CollectResult:
-    """Build the SFT dataset and its report (``<out>.report.json``); returns both."""
+def run_collect(
+    cfg: SimulatorCollectConfig,
+    *,
+    retriever: SearchEngine | None = None,
+    build_engine: Callable[..., SearchEngine] | None = None,
+) -> CollectResult:
+    """Build the SFT dataset and its report (``<out>.report.json``); returns both.
+
+    The documents come from ``retriever``, or from ``build_engine(cfg.search, seed=cfg.seed)`` (the app's
+    factory, :func:`zerosim.engines.build_search_engine`) once the questions are read.
+    """
     from zerosim.data.embedded import load_questions
-    from zerosim.engines import build_search_engine
 
     questions = load_questions(cfg.data, cfg.split)
     if not questions:
@@ -374,7 +379,11 @@ def run_collect(cfg: SimulatorCollectConfig, *, retriever: SearchEngine | None =
                 f"search.engine={cfg.search.engine}: collect needs a real retriever (bm25, dense, hybrid or "
                 "http) — the documents a simulator is trained to imitate"
             )
-        retriever = build_search_engine(cfg.search, seed=cfg.seed)
+        if build_engine is None:
+            raise TypeError(
+                "run_collect needs retriever= or build_engine= (zerosim.engines.build_search_engine)"
+            )
+        retriever = build_engine(cfg.search, seed=cfg.seed)
     if cfg.queries == "policy":
         items = policy_queries(cfg, questions, retriever)
         if not items:

@@ -44,7 +44,7 @@ from typing import Any
 
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.parsing import split_documents
-from simulators.prompts import SimulatorPrompts
+from simulators.prompts import SimulatorPrompts, load_prompts
 from zerosim.metrics import answer_in_text
 from zerosim.search import Document, SearchError, SearchRequest
 
@@ -322,12 +322,6 @@ def _merge(jobs: Sequence[_Job]) -> list[_Job]:
     return [_Job(i, noisy, tuple(sorted(s)), "") for (i, noisy), s in sorted(slots.items())]
 
 
-# -- template files -------------------------------------------------------------------------------------
-
-_BODY_FIELDS = {"query": "q", "k": 3, "words": 30, "context": ""}
-_CONTEXT_FIELDS = {"question": "q", "answers": "a"}
-
-
 def document_id(query: str, slot: int | str, text: str) -> str:
     """``sim-<digest>-<slot>``: a simulated document's id, from what it is (query, slot, text), never from
     where its request sat in a call: one request alone or in a batch gets the same ids, and two different
@@ -335,52 +329,3 @@ def document_id(query: str, slot: int | str, text: str) -> str:
     before as a repeat)."""
     digest = hashlib.sha256(f"{query}\x1f{slot}\x1f{text}".encode()).hexdigest()[:12]
     return f"sim-{digest}-{slot}"
-
-
-def load_prompts(path: str | Path) -> SimulatorPrompts:
-    """Simulator templates from a YAML (``.yaml``/``.yml``) or JSON file.
-
-    The file is a mapping with any of the keys ``useful``, ``noisy`` (``str.format`` templates with the
-    fields ``{query}``, ``{k}``, ``{words}``, ``{context}``) and ``useful_context``, ``noisy_context``
-    (fields ``{question}``, ``{answers}``); keys left out keep the built-in wording. Unknown keys, non-string
-    values and templates naming unknown fields raise :class:`ValueError` naming the file and the fix.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"simulator template file {path} does not exist")
-    raw = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(raw)
-        else:
-            import yaml
-
-            data = yaml.safe_load(raw)
-    except Exception as exc:  # json.JSONDecodeError or yaml.YAMLError (no common base)
-        raise ValueError(f"simulator template file {path} cannot be parsed: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"simulator template file {path} must hold a mapping of template names to strings")
-    valid = [f.name for f in dataclasses.fields(SimulatorPrompts)]
-    unknown = sorted(set(data) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"simulator template file {path}: unknown keys {unknown}; valid keys: {', '.join(valid)}"
-        )
-    for key, template in data.items():
-        if not isinstance(template, str):
-            raise ValueError(
-                f"simulator template file {path}: {key} must be a string, not {type(template).__name__}"
-            )
-        fields = _CONTEXT_FIELDS if key.endswith("_context") else _BODY_FIELDS
-        try:
-            template.format(**fields)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"simulator template file {path}: {key} is not a valid template ({type(exc).__name__}: {exc}); "
-                f"it may use the fields {', '.join('{' + f + '}' for f in fields)} and must double literal braces"
-            ) from exc
-        if key in ("useful", "noisy") and "{query}" not in template:
-            raise ValueError(
-                f"simulator template file {path}: {key} never uses {{query}}; the simulator must see it"
-            )
-    return SimulatorPrompts(**data)

@@ -8,8 +8,11 @@ and validation withhold them (see :mod:`simulators.llm`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 USEFUL_TEMPLATE = (
     "You are a web search engine. For the search query below, write {k} short search results of about "
@@ -42,8 +45,6 @@ class SimulatorPrompts:
     @classmethod
     def from_file(cls, path) -> SimulatorPrompts:
         """Templates from a YAML/JSON file (any of useful, noisy, useful_context, noisy_context)."""
-        from simulators.llm import load_prompts
-
         return load_prompts(path)
 
     def render(
@@ -55,3 +56,58 @@ class SimulatorPrompts:
             context = template.format(question=question.strip(), answers="; ".join(answers))
         body = self.noisy if noisy else self.useful
         return body.format(query=query.strip(), k=k, words=words, context=context)
+
+
+# -- template files -------------------------------------------------------------------------------------
+
+_BODY_FIELDS = {"query": "q", "k": 3, "words": 30, "context": ""}
+_CONTEXT_FIELDS = {"question": "q", "answers": "a"}
+
+
+def load_prompts(path: str | Path) -> SimulatorPrompts:
+    """Simulator templates from a YAML (``.yaml``/``.yml``) or JSON file.
+
+    The file is a mapping with any of the keys ``useful``, ``noisy`` (``str.format`` templates with the
+    fields ``{query}``, ``{k}``, ``{words}``, ``{context}``) and ``useful_context``, ``noisy_context``
+    (fields ``{question}``, ``{answers}``); keys left out keep the built-in wording. Unknown keys, non-string
+    values and templates naming unknown fields raise :class:`ValueError` naming the file and the fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"simulator template file {path} does not exist")
+    raw = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(raw)
+        else:
+            import yaml
+
+            data = yaml.safe_load(raw)
+    except Exception as exc:  # json.JSONDecodeError or yaml.YAMLError (no common base)
+        raise ValueError(f"simulator template file {path} cannot be parsed: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"simulator template file {path} must hold a mapping of template names to strings")
+    valid = [f.name for f in dataclasses.fields(SimulatorPrompts)]
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"simulator template file {path}: unknown keys {unknown}; valid keys: {', '.join(valid)}"
+        )
+    for key, template in data.items():
+        if not isinstance(template, str):
+            raise ValueError(
+                f"simulator template file {path}: {key} must be a string, not {type(template).__name__}"
+            )
+        fields = _CONTEXT_FIELDS if key.endswith("_context") else _BODY_FIELDS
+        try:
+            template.format(**fields)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"simulator template file {path}: {key} is not a valid template ({type(exc).__name__}: {exc}); "
+                f"it may use the fields {', '.join('{' + f + '}' for f in fields)} and must double literal braces"
+            ) from exc
+        if key in ("useful", "noisy") and "{query}" not in template:
+            raise ValueError(
+                f"simulator template file {path}: {key} never uses {{query}}; the simulator must see it"
+            )
+    return SimulatorPrompts(**data)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,14 +176,21 @@ def _plot(report: dict[str, Any], title: str):
 
 
 def run_quality(
-    cfg: SimulatorEvalConfig, *, engine: SearchEngine | None = None, progress: bool = True
+    cfg: SimulatorEvalConfig,
+    *,
+    engine: SearchEngine | None = None,
+    build_engine: Callable[..., SearchEngine] | None = None,
+    progress: bool = True,
 ) -> QualityResult:
-    """Evaluate the configured simulator; writes table.json/table.md/samples.jsonl and an MLflow run."""
+    """Evaluate the configured simulator; writes table.json/table.md/samples.jsonl and an MLflow run.
+
+    The simulator is ``engine``, or ``build_engine(SearchConfig(engine="simulator", ...), seed=cfg.seed)``
+    (the app's factory, :func:`zerosim.engines.build_search_engine`) once the questions are read.
+    """
     import matplotlib.pyplot as plt
     import mlflow
 
     from zerosim.data.embedded import load_questions
-    from zerosim.engines import build_search_engine
     from zerosim.fsutil import atomic_write_text
     from zerosim.tracking import log_config, mlflow_run
 
@@ -192,9 +199,11 @@ def run_quality(
         raise ValueError(f"{cfg.data} ({cfg.split}) holds no questions to evaluate the simulator on")
     sim_cfg = dataclasses.replace(cfg.simulator, cache=False)  # measure the model, not a cache
     if engine is None:
-        engine = build_search_engine(
-            SearchConfig(engine="simulator", k=cfg.k, simulator=sim_cfg), seed=cfg.seed
-        )
+        if build_engine is None:
+            raise TypeError(
+                "run_quality needs engine= or build_engine= (zerosim.engines.build_search_engine)"
+            )
+        engine = build_engine(SearchConfig(engine="simulator", k=cfg.k, simulator=sim_cfg), seed=cfg.seed)
     model = cfg.simulator.served_model or cfg.simulator.model
     path = Path(model)
     run_name = cfg.run_name or f"quality-{path.parent.name if path.name == 'final' else path.name or model}"

@@ -3,6 +3,7 @@
 import pytest
 
 from eval.bm25 import BM25Retriever
+from eval.index import load_index, save_index
 from zerosim.data.embedded import ensure_factbook, load_questions
 from zerosim.data.qa import load_corpus
 from zerosim.metrics import normalize_answer
@@ -32,8 +33,9 @@ def test_gold_answer_in_top5_for_one_hop_dev_questions(retriever):
 def test_save_load_round_trip(retriever, tmp_path):
     query = [SearchRequest("capital of Peru")]
     before = retriever.search(query, 3)
-    retriever.save(tmp_path / "idx")
-    loaded = BM25Retriever.load(tmp_path / "idx")
+    save_index(retriever, tmp_path / "idx")
+    loaded = load_index(tmp_path / "idx", kind="bm25")
+    assert isinstance(loaded, BM25Retriever)
     assert loaded.search(query, 3) == before
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from curricula import ConstantSchedule, trajectory_noise
+from curricula import ConstantSchedule, CurriculumNoise, trajectory_noise
 from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnState
 from zerosim.generation import Generation
@@ -101,10 +101,8 @@ def _rollout(tokenizer, engine, questions):
         engine,
         config=config,
         k=3,
-        schedule=ConstantSchedule(0.5),
+        noise=CurriculumNoise(ConstantSchedule(0.5), seed=5, k=3, granularity="document"),
         examples=examples,
-        seed=5,
-        granularity="document",
     )
     return rollout, list(examples)
 

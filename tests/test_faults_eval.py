@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from curricula import ConstantSchedule
 from zerosim.config import EvalConfig, RolloutConfig, TrainConfig, ValidationConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
@@ -263,7 +262,7 @@ def _training_prompts(policy, pass_answers):
     _, tok = policy
     sim = simulator(configure(TrainConfig().search, pass_answers))
     rollout = SearchRollout(
-        tok, sim, config=ROLLOUT, k=2, schedule=ConstantSchedule(0.0),
+        tok, sim, config=ROLLOUT, k=2,
         examples={build_prompt(QUESTION): (QUESTION, (GOLD,))},
     )  # fmt: skip
     rollout.run(SearchThenAnswer(tok), [build_prompt(QUESTION)] * 2, step=0)
@@ -329,18 +328,16 @@ def test_eval_override_is_tagged_in_mlflow(tmp_path, monkeypatch, tiny_model_dir
     """``zerosim eval`` with the override leaves a mark on its MLflow run (tag + param)."""
     import mlflow
 
-    import zerosim.engines
     from eval.run import run_eval
 
     (tmp_path / "toy.jsonl").write_text(qa_line(0, GOLD))
-    monkeypatch.setattr(zerosim.engines, "build_search_engine", lambda *a, **kw: simulator(True))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")
     cfg = EvalConfig(policy=str(tiny_model_dir), datasets=[str(tmp_path / "toy.jsonl")], method="agent",
                      rollout=RolloutConfig(max_turns=1, max_new_tokens=2, temperature=0.0),
                      output_dir=str(tmp_path / "out"))  # fmt: skip
     cfg.search.engine, cfg.search.simulator.pass_answers = "simulator", True
     cfg.tracking.tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_eval(cfg, progress=False)
+    result = run_eval(cfg, build_engine=lambda *a, **kw: simulator(True), progress=False)
     run = mlflow.get_run(result.run_id)
     assert run.data.tags["zerosim.simulator_sees_answers"] == "eval"
     assert run.data.params["search.simulator.pass_answers"] == "True"

@@ -322,7 +322,9 @@ class NoCorpus:
 @pytest.fixture(scope="module")
 def retriever_url():
     """What ``zerosim serve retriever`` serves: a loaded index (an engine with its ``.docs``)."""
-    with running_server(BM25Retriever(CORPUS).index(), name="tiny-bm25", max_topk=5) as url:
+    with running_server(
+        BM25Retriever(CORPUS).index(), name="tiny-bm25", max_topk=5, negatives=CorpusNegatives
+    ) as url:
         yield url
 
 
@@ -347,7 +349,7 @@ def simulator_like_url():
 
 @pytest.fixture(scope="module")
 def no_corpus_url():
-    with running_server(NoCorpus(), name="no-corpus") as url:
+    with running_server(NoCorpus(), name="no-corpus", negatives=CorpusNegatives) as url:
         yield url
 
 

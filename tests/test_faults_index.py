@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from eval.index import IndexMismatchError, build_index, load_index, read_manifest
+from eval.index import IndexMismatchError, build_index, load_index, read_manifest, save_index
 from zerosim.config import BM25Config, DenseConfig, SearchConfig
 from zerosim.data.qa import DataError
 from zerosim.engines import build_search_engine
@@ -268,7 +268,7 @@ def test_duplicate_ids_refused_when_saving_a_retriever(tmp_path):
 
     docs = [Document.from_contents("a", "A\none"), Document.from_contents("a", "B\ntwo")]
     with pytest.raises(DataError, match="passage 2: id 'a' repeats the id of passage 1"):
-        BM25Retriever(docs).index().save(tmp_path / "index")
+        save_index(BM25Retriever(docs).index(), tmp_path / "index")
 
 
 def test_malformed_corpus_row_names_file_and_line(tmp_path):  # already worked: kept so it stays so

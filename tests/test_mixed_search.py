@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from curricula import search_source, trajectory_noise
+from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
 from zerosim.config import ConfigError, CurriculumConfig, load_config
 from zerosim.generation import Generation
 from zerosim.metrics import exact_match, f1_score
-from zerosim.mixed import MixedSearchEngine, find_mixed, share_schedule
 from zerosim.rollout import SearchRollout, build_prompt, engine_counters
 from zerosim.search import Document, SearchRequest
 
@@ -228,21 +228,27 @@ class PlannedGenerator:
 
 
 def _mixed_rollout(tokenizer, engine, n=24):
-    from curricula import ConstantSchedule
+    from curricula import ConstantSchedule, CurriculumNoise
     from zerosim.config import RolloutConfig
 
     questions = [f"Q{i} what is the capital?" for i in range(n)]
     examples = {build_prompt(q): (q, ("Lima",)) for q in questions}
     config = RolloutConfig(max_turns=4, max_new_tokens=32, max_completion_tokens=2000)
     rollout = SearchRollout(
-        tokenizer, engine, config=config, k=2, schedule=ConstantSchedule(0.5), examples=examples, seed=5
+        tokenizer,
+        engine,
+        config=config,
+        k=2,
+        noise=CurriculumNoise(ConstantSchedule(0.5), seed=5, k=2),
+        source=None if find_mixed(engine) is None else find_mixed(engine).draw_source,  # as train.py does
+        examples=examples,
     )
     return rollout, list(examples)
 
 
 def test_rollout_records_drawn_sources_and_logs_per_source_metrics(tokenizer):
     sim, real = FakeSim("sim"), FakeReal("real")
-    engine = MixedSearchEngine(sim, real, share=share_schedule(0.2, 0.8, "linear", 10))
+    engine = MixedSearchEngine(sim, real, share=share_schedule(0.2, 0.8, "linear", 10), seed=5)
     rollout, prompts = _mixed_rollout(tokenizer, engine)
     step = 5
     trajectories, timing = rollout.run(PlannedGenerator(tokenizer), prompts, step)
@@ -262,7 +268,6 @@ def test_rollout_records_drawn_sources_and_logs_per_source_metrics(tokenizer):
     assert sum(len(c) for c in sim.calls + real.calls) == searched
 
     metrics = rollout.metrics(trajectories, step, timing)
-    assert metrics["mixed/real_share"] == pytest.approx(0.5)
     real_searches = sum(s == "real" for t in trajectories for s in t.sources)
     assert metrics["mixed/real_search_share"] == pytest.approx(real_searches / searched)
     groups = {g: [t for t in trajectories if t.source_group == g] for g in ("real", "sim", "both", "none")}
@@ -299,7 +304,7 @@ def test_validation_and_eval_wrappers_keep_the_mix(tokenizer):
     from eval.harness import WithheldAnswers
 
     sim, real = FakeSim("sim"), FakeReal("real")
-    mixed = MixedSearchEngine(sim, real, share=share_schedule(0.5, 0.9, "linear", 4))
+    mixed = MixedSearchEngine(sim, real, share=share_schedule(0.5, 0.9, "linear", 4), seed=5)
     wrapped = WithheldAnswers(mixed)
     assert find_mixed(wrapped) is mixed
     rollout, prompts = _mixed_rollout(tokenizer, wrapped, n=8)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from curricula import ConstantSchedule
+from curricula import ConstantSchedule, CurriculumNoise
 from zerosim.config import RolloutConfig
 from zerosim.generation import Generation, HFGenerator
 from zerosim.rollout import INVALID_ACTION, SearchRollout, build_prompt, parse_action
@@ -62,7 +62,12 @@ def make_rollout(tokenizer, engine, questions, **cfg):
     examples = {build_prompt(q): (q, ("Lima",)) for q in questions}
     config = RolloutConfig(**{"max_turns": 4, "max_new_tokens": 64, "max_completion_tokens": 400, **cfg})
     return SearchRollout(
-        tokenizer, engine, config=config, k=3, schedule=ConstantSchedule(0.5), examples=examples, seed=1
+        tokenizer,
+        engine,
+        config=config,
+        k=3,
+        noise=CurriculumNoise(ConstantSchedule(0.5), seed=1, k=3),
+        examples=examples,
     ), list(examples)
 
 

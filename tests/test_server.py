@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import httpx
 import pytest
 
+from curricula.negatives import CorpusNegatives
 from eval.bm25 import BM25Retriever
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
 from zerosim.server import create_app, running_server
@@ -48,7 +49,7 @@ class FakeEngine:
 
 @pytest.fixture(scope="module")
 def bm25_url():
-    with running_server(BM25Retriever(CORPUS).index(), name="tiny-bm25") as url:
+    with running_server(BM25Retriever(CORPUS).index(), name="tiny-bm25", negatives=CorpusNegatives) as url:
         yield url
 
 
@@ -243,6 +244,37 @@ def test_running_server_reports_a_port_it_cannot_bind(fake):
     port = int(fake[1].rsplit(":", 1)[1])
     with pytest.raises(RuntimeError, match="failed to start"), running_server(FakeEngine(), port=port):
         pass
+
+
+def test_a_retriever_served_without_a_negatives_factory_offers_no_negatives():
+    """The server is handed what fills a retriever's noisy slots (``zerosim serve retriever`` passes
+    CorpusNegatives); without it, ``/health`` lists no modes and a noisy request is refused, naming the fix."""
+    with running_server(BM25Retriever(CORPUS).index()) as url:
+        health = httpx.get(f"{url}/health").json()
+        assert (health["noise"], health["negatives"]) == ("negatives", [])
+        assert len(post(url, {"queries": ["capital of Peru"], "topk": 2}).json()["result"][0]) == 2
+        response = post(url, {"queries": ["capital of Peru"], "topk": 2, "noise": [[True, False]]})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert "negatives.mode: hard negatives" in error and "negatives=CorpusNegatives" in error, error
+
+
+def test_serve_retriever_hands_the_server_corpus_negatives(monkeypatch):
+    """``zerosim serve retriever`` (the app) gives the server CorpusNegatives, so a served index honours noise."""
+    from typer.testing import CliRunner
+
+    import eval.index
+    import zerosim.runtime
+    import zerosim.server
+    from zerosim.cli import app
+
+    engine, served = BM25Retriever(CORPUS).index(), []
+    monkeypatch.setattr(eval.index, "load_index", lambda index: engine)
+    monkeypatch.setattr(zerosim.runtime, "apply_threads", lambda threads: 1)
+    monkeypatch.setattr(zerosim.server, "serve", lambda *args, **kwargs: served.append((args, kwargs)))
+    result = CliRunner().invoke(app, ["serve", "retriever", "--index", "idx", "--port", "8123"])
+    assert result.exit_code == 0, result.output
+    assert served == [((engine,), {"host": "127.0.0.1", "port": 8123, "negatives": CorpusNegatives})]
 
 
 def test_create_app_checks_its_limits():

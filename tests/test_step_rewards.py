@@ -2,7 +2,6 @@
 
 import pytest
 
-from curricula import ConstantSchedule
 from zerosim.config import RolloutConfig
 from zerosim.generation import Generation
 from zerosim.rewards import make_reward_func
@@ -58,7 +57,7 @@ def test_rollout_places_step_rewards_on_the_search_closing_token(tokenizer):
     q = "What is the capital of Peru?"
     rollout = SearchRollout(
         tokenizer, Engine(), config=RolloutConfig(max_turns=3, max_new_tokens=32, max_completion_tokens=400),
-        k=2, schedule=ConstantSchedule(0.0), examples={build_prompt(q): (q, ("Lima",))}, step_rewards=(1.0, 0.5),
+        k=2, examples={build_prompt(q): (q, ("Lima",))}, step_rewards=(1.0, 0.5),
     )  # fmt: skip
     (traj,), _ = rollout.run(Scripted(), [build_prompt(q)], step=0)
     assert traj.searches == 2 and len(traj.step_rewards) == 2

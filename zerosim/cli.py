@@ -209,8 +209,9 @@ def evaluate(
         flags["datasets"] = "[" + ",".join(json.dumps(n) for n in names) + "]"
     cfg = _load(config, flags, overrides, EvalConfig)
     from eval.run import run_eval
+    from zerosim.engines import build_search_engine
 
-    result = run_eval(cfg)
+    result = run_eval(cfg, build_engine=build_search_engine)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 
@@ -289,6 +290,7 @@ def serve_retriever(
     threads: int = _threads_option(),
 ) -> None:
     """Serve a built index over POST /retrieve and GET /health."""
+    from curricula.negatives import CorpusNegatives
     from eval.index import load_index
     from zerosim.runtime import apply_threads
     from zerosim.server import serve
@@ -296,7 +298,7 @@ def serve_retriever(
     apply_threads(threads)
 
     engine = load_index(index)
-    serve(engine, host=host, port=port)
+    serve(engine, host=host, port=port, negatives=CorpusNegatives)
 
 
 @index_app.command("build")
@@ -373,8 +375,9 @@ def simulator_collect(
     }
     cfg = _load(config, flags, overrides, SimulatorCollectConfig)
     from simulators.collect import run_collect
+    from zerosim.engines import build_search_engine
 
-    result = run_collect(cfg)
+    result = run_collect(cfg, build_engine=build_search_engine)
     typer.echo(json.dumps(result.report, indent=2))
     console.print(f"[bold green]done[/] {len(result.rows)} rows -> {result.path}")
 
@@ -430,8 +433,9 @@ def simulator_eval(
     }
     cfg = _load(config, flags, overrides, SimulatorEvalConfig)
     from simulators.quality import run_quality
+    from zerosim.engines import build_search_engine
 
-    result = run_quality(cfg)
+    result = run_quality(cfg, build_engine=build_search_engine)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 

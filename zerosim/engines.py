@@ -169,10 +169,10 @@ def build_search_engine(
 
 def _mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
     """The simulator (as for ``engine=simulator``) and ``search.mixed.real`` (as for that engine, with
-    corpus negatives), routed per search (:class:`zerosim.mixed.MixedSearchEngine`)."""
+    corpus negatives), routed per search (:class:`curricula.MixedSearchEngine`)."""
     import dataclasses
 
-    from zerosim.mixed import MixedSearchEngine, share_schedule
+    from curricula.mixed import MixedSearchEngine, share_schedule
 
     m = cfg.mixed
     share = share_schedule(m.real_share, m.real_share_end, m.schedule, m.total_steps or total_steps or 1)

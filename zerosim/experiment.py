@@ -520,6 +520,8 @@ def _clear(path: Path) -> None:
 
 def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | None) -> dict[str, Any]:
     """Run one stage's job; returns what downstream stages and the report read."""
+    from zerosim.engines import build_search_engine
+
     c = stage.config
     if c is not None and hasattr(c, "tracking"):
         c = replace(c, tracking=replace(c.tracking, parent_run_id=parent))
@@ -527,7 +529,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
     if stage.kind == "collect":
         from simulators.collect import run_collect
 
-        result = run_collect(c)
+        result = run_collect(c, build_engine=build_search_engine)
         return {"path": str(result.path), "rows": len(result.rows), "report": result.report}
     if stage.kind in ("sft", "dpo"):
         from simulators.sft import run_sft
@@ -536,7 +538,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
     if stage.kind == "quality":
         from simulators.quality import run_quality
 
-        result = run_quality(c, progress=True)
+        result = run_quality(c, build_engine=build_search_engine, progress=True)
         return {"run_id": result.run_id, "report": result.report}
     if stage.kind == "warmstart":
         from zerosim.warmstart import run_warmstart
@@ -561,7 +563,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
     if stage.kind == "eval":
         from eval.run import run_eval
 
-        result = run_eval(c)
+        result = run_eval(c, build_engine=build_search_engine)
         return {
             "run_id": result.run_id,
             "rows": result.rows,

@@ -81,7 +81,7 @@ def _url(url: str, what: str) -> str:
 
 def _mixed(cfg: TrainConfig) -> str:
     """``search.engine=mixed``: which real retriever takes which share of the searches, over the run."""
-    from zerosim.mixed import share_schedule
+    from curricula.mixed import share_schedule
 
     m = cfg.search.mixed
     total = m.total_steps or cfg.trainer.max_steps

@@ -12,27 +12,26 @@ or EOS; every search of the turn goes to the engine in one call.
 With several training processes each rank rolls out its own slice of the batch, in lockstep: every turn
 starts with one all-reduce (:class:`zerosim.distributed.TurnSync`), a rank whose trajectories are all done
 keeps taking part in collective generation (``idle``) and calls the engine every turn like the others,
-until no rank has work left. The noise of each search is a pure function of (seed, step, trajectory's
-index in the global batch, search number), so a rank draws what one process rolling out the whole batch
-would have drawn. Under ``search.engine=mixed`` each search's source (simulator or real retriever) is drawn
-the same way (:func:`curricula.search_source`), and ``mixed/*`` metrics split the step by source.
+until no rank has work left. What the curriculum decides per search comes in as functions of (step,
+trajectory's index in the global batch, search number) — its noise pattern (``noise``, e.g.
+:class:`curricula.CurriculumNoise`) and, under ``search.engine=mixed``, its source (``source``, e.g.
+:meth:`curricula.MixedSearchEngine.draw_source`) — so a rank draws what one process rolling out the whole
+batch would have drawn, and the loop knows no schedule. ``mixed/*`` metrics split a step by source.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from curricula import NoiseSchedule, search_source, trajectory_noise
 from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnSync
 from zerosim.generation import Generation, HFGenerator, VLLMGenerator
 from zerosim.metrics import exact_match, f1_score
-from zerosim.mixed import GROUPS, find_mixed, source_group
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 STOP_STRINGS = ("</search>", "</answer>")
@@ -49,6 +48,18 @@ INSTRUCTION = (
     "</information>. You may search several times. When you know the answer, write it, in a few words, "
     "between <answer> and </answer>, for example <answer> Paris </answer>.\nQuestion: {question}"
 )
+
+# What the training loop decides per search, handed to the rollout as plain functions of
+# (step, trajectory's index in the global batch, search number): the curriculum's noise pattern of the search's
+# k slots (None: no noise) and, under search.engine=mixed, the source that answers it ("sim" / "real").
+NoiseFn = Callable[[int, int, int], "tuple[bool, ...] | None"]
+SourceFn = Callable[[int, int, int], "str | None"]
+SOURCE_GROUPS = (
+    "real",
+    "sim",
+    "both",
+    "none",
+)  # a trajectory's searches: all real, all simulated, mixed, none
 
 _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
@@ -105,7 +116,10 @@ class Trajectory:
     @property
     def source_group(self) -> str:
         """``real`` / ``sim`` (every search answered by that source), ``both``, or ``none`` (no search)."""
-        return source_group(self.sources)
+        kinds = set(self.sources)
+        if not kinds:
+            return "none"
+        return "both" if len(kinds) > 1 else next(iter(kinds))
 
     @property
     def valid_format(self) -> bool:
@@ -164,10 +178,10 @@ class SearchRollout:
         *,
         config: RolloutConfig,
         k: int,
-        schedule: NoiseSchedule,
         examples: Mapping[str, tuple[str, Sequence[str]]],
-        seed: int = 0,
-        granularity: str = "call",
+        noise: NoiseFn | None = None,
+        source: SourceFn | None = None,
+        step_metrics: Callable[[int], Mapping[str, float]] | None = None,
         num_samples: int = 4,
         sample_every: int = 1,
         step_rewards: tuple[float, float] | None = None,
@@ -176,10 +190,10 @@ class SearchRollout:
         self.engine = engine
         self.config = config
         self.k = k
-        self.schedule = schedule
         self.examples = examples
-        self.seed = seed
-        self.granularity = granularity
+        self.noise = noise  # None: every search as the engine gives it (evaluation, validation, collection)
+        self.source = source  # None: the engine decides (one engine, or a mixed one drawing itself)
+        self.step_metrics = step_metrics  # the caller's per-step values (the curriculum's p, the real share)
         self.num_samples = num_samples
         self.sample_every = max(1, sample_every)
         self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
@@ -187,7 +201,6 @@ class SearchRollout:
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
         self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
         self._eos_ids = [tokenizer.eos_token_id]
-        self.mixed = find_mixed(engine)  # search.engine=mixed: each search's source is drawn here
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return self.tokens.prompt(prompt)
@@ -243,7 +256,7 @@ class SearchRollout:
             "valid_format": [t.valid_format for t in trajectories],
             "step_reward_total": [sum(t.step_rewards) for t in trajectories],
             # mixed: each trajectory's source group, for the reward by source (train.instrumented)
-            **({"search_source": [t.source_group for t in trajectories]} if self.mixed is not None else {}),
+            **({"search_source": [t.source_group for t in trajectories]} if self.source is not None else {}),
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -267,7 +280,6 @@ class SearchRollout:
                 Trajectory(self.encode_prompt(text), question, tuple(answers), index=offset + i)
             )
         timing = {"generate": 0.0, "search": 0.0}
-        p_noise = self.schedule.probability(step)
         lockstep = sync.num_processes > 1
 
         for turn in range(cfg.max_turns):
@@ -313,7 +325,7 @@ class SearchRollout:
             searching = [(t, q) for t, q in searching if not t.done]
             if searching or lockstep:  # every rank calls the engine each turn, possibly with nothing
                 started = time.perf_counter()
-                self._search(searching, step, p_noise)
+                self._search(searching, step)
                 timing["search"] += time.perf_counter() - started
         for traj in trajectories:
             # Observations may push a trajectory over the cap; the cap is on the whole completion.
@@ -346,27 +358,14 @@ class SearchRollout:
         ]
         return trajectories, timing
 
-    def _search(self, searching: list[tuple[Trajectory, str]], step: int, p_noise: float) -> None:
-        share = self.mixed.real_share(step) if self.mixed is not None else None
+    def _search(self, searching: list[tuple[Trajectory, str]], step: int) -> None:
         requests = [
             SearchRequest(
                 query=q,
                 question=t.question,
                 answers=t.answers,
-                noise=trajectory_noise(
-                    seed=self.seed,
-                    step=step,
-                    trajectory=t.index,
-                    search=t.searches,
-                    k=self.k,
-                    p=p_noise,
-                    granularity=self.granularity,
-                ),
-                source=None
-                if share is None
-                else search_source(
-                    seed=self.seed, step=step, trajectory=t.index, search=t.searches, real_share=share
-                ),
+                noise=None if self.noise is None else self.noise(step, t.index, t.searches),
+                source=None if self.source is None else self.source(step, t.index, t.searches),
             )
             for t, q in searching
         ]
@@ -398,7 +397,6 @@ class SearchRollout:
         n = max(len(trajectories), 1)
         documents = sum(t.documents for t in trajectories)
         return {
-            "curriculum/noise_prob": self.schedule.probability(step),
             "search/noisy_doc_share": sum(t.noisy_documents for t in trajectories) / documents
             if documents
             else 0.0,
@@ -419,20 +417,21 @@ class SearchRollout:
                 else {}
             ),
             **engine_counters(self.engine),
-            **(self.mixed_metrics(trajectories, step) if self.mixed is not None else {}),
+            **(self.source_metrics(trajectories) if self.source is not None else {}),
+            **(self.step_metrics(step) if self.step_metrics is not None else {}),
         }
 
-    def mixed_metrics(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        """``mixed/*``: the scheduled real share, the share of searches the real retriever answered, and per
-        source group of trajectories (``real``, ``sim``, ``both``, ``none``: see
+    def source_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``mixed/*`` (each search's source drawn by ``source``): the share of searches the real retriever
+        answered, and per source group of trajectories (``real``, ``sim``, ``both``, ``none``: see
         :attr:`Trajectory.source_group`) its share of the trajectories, EM, F1 (a missing answer counts 0)
         and searches per trajectory. A group absent from the step has no keys (not 0)."""
-        out = {"mixed/real_share": self.mixed.real_share(step)}
+        out: dict[str, float] = {}
         searches = sum(len(t.sources) for t in trajectories)
         if searches:
             real = sum(s == "real" for t in trajectories for s in t.sources)
             out["mixed/real_search_share"] = real / searches
-        for group in GROUPS:
+        for group in SOURCE_GROUPS:
             members = [t for t in trajectories if t.source_group == group]
             if not members:
                 continue

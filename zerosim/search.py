@@ -53,7 +53,7 @@ class SearchRequest:
     decided by the curriculum: ``True`` means that slot should be a noisy (unhelpful) document. ``None``
     means no curriculum noise (all useful). ``source`` routes the request under ``search.engine=mixed``:
     ``"real"`` or ``"sim"``, drawn by the rollout (:func:`curricula.search_source`); every other engine
-    ignores it, and ``None`` leaves the choice to the mixed engine (:class:`zerosim.mixed.MixedSearchEngine`).
+    ignores it, and ``None`` leaves the choice to the mixed engine (:class:`curricula.MixedSearchEngine`).
     """
 
     query: str

@@ -7,9 +7,10 @@ ignore them), and a returned document may carry ``noisy``. The API is described 
 
 Noise: an engine that writes noisy documents itself (the simulator) gets the noise pattern as it is. A
 retriever over a corpus (an engine with ``.docs``, e.g. an index behind ``zerosim serve retriever``) cannot,
-so the server fills its noisy slots with corpus negatives (:class:`curricula.negatives.CorpusNegatives`,
-the request's ``negatives`` saying mode, depth and seed) exactly as the in-process retriever does. Either
-way every document of a request with noisy slots carries ``noisy``, and ``/health`` says which (``noise``).
+so the server fills its noisy slots with corpus negatives from the ``negatives`` factory it is given (the app
+passes :class:`curricula.negatives.CorpusNegatives`; the request's ``negatives`` says mode, depth and seed),
+exactly as the in-process retriever does. Either way every document of a request with noisy slots carries
+``noisy``, and ``/health`` says which (``noise``) and in which modes (``negatives``).
 
 Each request is one ``engine.search`` call (batch-first); calls are serialised, because an in-process model
 is not safe to drive from several threads at once.
@@ -20,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import fastapi
@@ -35,6 +36,10 @@ from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOPK = 3  # Search-R1's default when a request leaves ``topk`` out
+
+# ``(engine, corpus, *, mode, depth, seed) -> engine``: wraps a retriever so that its noisy slots are filled
+# with corpus negatives (``corpus``: its passages, or None when it has none); e.g. CorpusNegatives
+NegativesFactory = Callable[..., SearchEngine]
 
 
 class NegativesRequest(BaseModel):
@@ -174,12 +179,16 @@ def create_app(
     max_queries: int = 1024,
     default_topk: int = DEFAULT_TOPK,
     max_negatives_depth: int = 1000,
+    negatives: NegativesFactory | None = None,
 ) -> fastapi.FastAPI:
     """A FastAPI app answering ``POST /retrieve`` (Search-R1 compatible) and ``GET /health`` from ``engine``.
 
     ``name`` labels the served index or simulator in ``/health``; ``max_topk`` and ``max_queries`` bound one
     request (a larger one gets a 422); ``default_topk`` is used when a request leaves ``topk`` out;
-    ``max_negatives_depth`` bounds ``negatives.depth``.
+    ``max_negatives_depth`` bounds ``negatives.depth``. ``negatives`` (:data:`NegativesFactory`, e.g.
+    :class:`curricula.negatives.CorpusNegatives`) fills the noisy slots of an engine that cannot write them;
+    without it such an engine serves no negatives (``/health`` lists none, and a request with noisy slots
+    gets a 422).
     """
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"default_topk={default_topk} must be between 1 and max_topk={max_topk}")
@@ -191,7 +200,9 @@ def create_app(
     noise = noise_handling(engine)
     corpus = getattr(engine, "docs", None) if noise == "negatives" else None
     # random negatives need passages to draw from; hard ones only the retriever's deeper ranks
-    negative_modes = (["hard", "random"] if corpus else ["hard"]) if noise == "negatives" else []
+    negative_modes = (
+        (["hard", "random"] if corpus else ["hard"]) if noise == "negatives" and negatives is not None else []
+    )
     lock = threading.Lock()
     app = fastapi.FastAPI(title=f"zerosim search server ({name})", version="1")
 
@@ -221,6 +232,13 @@ def create_app(
         asked = body.negatives or NegativesRequest()
         if asked.mode == "none":
             return engine
+        if negatives is None:
+            raise _field_error(
+                ("negatives", "mode"),
+                f"{asked.mode} negatives: this server fills no noisy slots of {engine_name} (started without a "
+                "negatives factory); start it with create_app(..., negatives=CorpusNegatives), as `zerosim "
+                "serve retriever` does, or send negatives.mode=none",
+            )
         if asked.mode not in negative_modes:
             raise _field_error(
                 ("negatives", "mode"),
@@ -231,9 +249,7 @@ def create_app(
                 ("negatives", "depth"),
                 f"must be at most {max_negatives_depth} on this server (got {asked.depth})",
             )
-        from curricula.negatives import CorpusNegatives
-
-        return CorpusNegatives(engine, corpus, mode=asked.mode, depth=asked.depth, seed=asked.seed)
+        return negatives(engine, corpus, mode=asked.mode, depth=asked.depth, seed=asked.seed)
 
     @app.post("/retrieve")
     def retrieve(body: RetrieveRequest) -> JSONResponse:
@@ -285,7 +301,8 @@ def serve(
 ) -> None:
     """Serve ``engine`` until interrupted. Binds loopback unless ``host`` says otherwise (``0.0.0.0``: all).
 
-    ``app_options`` go to :func:`create_app` (``name``, ``max_topk``, ``max_queries``, ``default_topk``).
+    ``app_options`` go to :func:`create_app` (``name``, ``max_topk``, ``max_queries``, ``default_topk``,
+    ``max_negatives_depth``, ``negatives``).
     """
     uvicorn.run(create_app(engine, **app_options), host=host, port=port, log_level=log_level)
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from curricula import build_schedule
+from curricula import CurriculumNoise, build_schedule, find_mixed
 from zerosim.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
     RUN_FILE,
     STATE_FILE,
@@ -347,15 +347,19 @@ def train(cfg: TrainConfig) -> TrainResult:
         lower_below=c.adaptive_lower_below,
         delta=c.adaptive_delta,
     )
+    mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source
     rollout = SearchRollout(
         tokenizer,
         engine,
         config=cfg.rollout,
         k=cfg.search.k,
-        schedule=schedule,
         examples=examples,
-        seed=cfg.run.seed,
-        granularity=c.granularity,
+        noise=CurriculumNoise(schedule, seed=cfg.run.seed, k=cfg.search.k, granularity=c.granularity),
+        source=None if mixed is None else mixed.draw_source,
+        step_metrics=lambda step: {
+            "curriculum/noise_prob": schedule.probability(step),
+            **({} if mixed is None else {"mixed/real_share": mixed.real_share(step)}),
+        },
         num_samples=cfg.tracking.num_sample_trajectories,
         sample_every=cfg.tracking.sample_every,
         step_rewards=step_weights(cfg),

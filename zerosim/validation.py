@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from curricula import ConstantSchedule
+from curricula import find_mixed
 from zerosim.config import RolloutConfig, ValidationConfig
 from zerosim.data.qa import QAExample
 from zerosim.distributed import TurnSync
@@ -90,9 +90,9 @@ class Validation(TrainerCallback):
             engine if answers_shown else WithheldAnswers(engine),
             config=rollout,
             k=k,
-            schedule=ConstantSchedule(0.0),  # the engine as it is: no curriculum noise
             examples={build_prompt(ex.question): (ex.question, ex.golden_answers) for ex in self.examples},
-            seed=seed,
+            # the engine as it is (no curriculum noise); a mixed engine's sources drawn as in training
+            source=None if find_mixed(engine) is None else find_mixed(engine).draw_source,
         )
         self.history: list[dict[str, float]] = []
         self.last_rows: list[dict[str, Any]] = []

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from curricula import ConstantSchedule, NoiseSchedule, build_schedule, search_source
+from curricula.noise import search_source
+from curricula.schedules import ConstantSchedule, NoiseSchedule, build_schedule
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
 
 SOURCES = ("sim", "real")
@@ -72,6 +73,12 @@ class MixedSearchEngine:
         """The share of searches sent to the real retriever at training step ``step``."""
         return float(self.share.probability(step))
 
+    def draw_source(self, step: int, trajectory: int, search: int) -> str:
+        """The rollout's source function (:data:`zerosim.rollout.SourceFn`): who answers that search."""
+        return search_source(
+            seed=self.seed, step=step, trajectory=trajectory, search=search, real_share=self.real_share(step)
+        )
+
     def _source(self, request: SearchRequest) -> str:
         if request.source is None:
             drawn = search_source(
@@ -125,15 +132,3 @@ def find_mixed(engine: Any) -> MixedSearchEngine | None:
             return engine
         engine = getattr(engine, "engine", None) or getattr(engine, "retriever", None)
     return None
-
-
-def source_group(sources: Sequence[str]) -> str:
-    """A trajectory's group by the sources of its searches: ``real`` (all real), ``sim`` (all simulated),
-    ``both``, or ``none`` (it never searched)."""
-    kinds = set(sources)
-    if not kinds:
-        return "none"
-    return "both" if len(kinds) > 1 else next(iter(kinds))
-
-
-GROUPS = ("real", "sim", "both", "none")
