@@ -208,3 +208,23 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
     assert result == {"path": str(out / "real" / "final"), "run_id": "r1", "steps": train.trainer.max_steps}
     written = load_config(out / "train.yaml", schema=TrainConfig)
     assert written.run.output_dir == str(out) and written.run.resume is False
+
+
+def test_stage_keys_follow_what_a_stage_depends_on(tmp_path):
+    """Keys ignore where runs are logged; a changed arm changes its stages' keys and the report's only; a
+    changed simulator recipe changes everything that reads the simulator."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    def keys(*overrides):
+        cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
+        return {s.name: s.key for s in build_stages(cfg, tmp_path / "root")}
+
+    base = keys()
+    assert keys("tracking.tracking_uri=sqlite:////elsewhere/mlflow.db", "tracking.experiment=other") == base
+    changed = keys("arms.real.overrides=[search.engine=bm25,curriculum.p_end=0.1]")
+    assert {n for n in base if changed[n] != base[n]} == {"train-real-s0", "eval-real-s0-bm25", "report"}
+    sim = keys("simulator.sft=[max_steps=3,batch_size=2,max_length=256]")
+    assert {n for n in base if sim[n] != base[n]} == {
+        "sim-sft", "sim-dpo", "sim-quality", "train-sim-s0", "train-sim-nocurriculum-s0", "train-mixed-s0",
+        "eval-sim-s0-bm25", "eval-sim-nocurriculum-s0-bm25", "eval-mixed-s0-bm25", "report",
+    }  # fmt: skip

@@ -196,9 +196,14 @@ def _plain(obj: Any) -> Any:
 
 
 def _fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
+    """The stage's key: what its result depends on. Where it is logged (``tracking``) is left out, so moving
+    the MLflow store or naming another experiment does not re-run finished work."""
+    config = _plain(stage.config)
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k != "tracking"}
     payload = {
         "kind": stage.kind,
-        "config": _plain(stage.config),
+        "config": config,
         "meta": stage.meta,
         "deps": {d: keys[d] for d in stage.deps},
     }
