@@ -260,3 +260,22 @@ def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, m
         (out,) = gen.generate([[1, 2, 3]], 8)
         assert out.finish == "stop" and len(out.token_ids) == 1
     assert len(built) == 1
+
+
+def test_rows_with_the_same_question_carry_the_same_gold_answers():
+    """TRL gives the rollout the prompt text only: two rows asking the same question must not score the
+    reward against one row's answers while the simulator is told the other's."""
+    from zerosim.data.qa import QAExample
+    from zerosim.train import build_dataset
+
+    rows = [
+        QAExample(id="a", question="Capital of Peru?", golden_answers=["Lima"]),
+        QAExample(id="b", question="Capital of Chile?", golden_answers=["Santiago"]),
+        QAExample(id="c", question="Capital of Peru?", golden_answers=["Lima, Peru", "Lima"]),
+    ]
+    dataset, table = build_dataset(rows)
+    peru = build_prompt("Capital of Peru?")
+    assert dataset["golden_answers"] == [["Lima", "Lima, Peru"], ["Santiago"], ["Lima", "Lima, Peru"]]
+    assert table[peru] == ("Capital of Peru?", ("Lima", "Lima, Peru"))
+    for prompt, golds in zip(dataset["prompt"], dataset["golden_answers"], strict=True):
+        assert list(table[prompt][1]) == golds  # the reward's answers are the rollout's

@@ -64,14 +64,24 @@ def training_questions(cfg: TrainConfig) -> list:
 
 
 def build_dataset(examples: list):
-    """The training prompts of ``examples`` as a ``datasets.Dataset`` plus the prompt → (question, answers) table."""
+    """The training prompts of ``examples`` as a ``datasets.Dataset`` plus the prompt → (question, answers) table.
+
+    TRL hands the rollout only the prompt text, so rows whose questions read the same are one task: each gets
+    the union of their gold answers (in order of first appearance), in the dataset column the reward reads
+    and in the table the rollout (and the simulator) reads — the two never disagree.
+    """
     from datasets import Dataset
 
-    rows, table = [], {}
+    answers: dict[str, list[str]] = {}
+    questions: dict[str, str] = {}
     for ex in examples:
         prompt = build_prompt(ex.question)
-        table.setdefault(prompt, (ex.question, tuple(ex.golden_answers)))
-        rows.append({"prompt": prompt, "golden_answers": list(ex.golden_answers)})
+        questions.setdefault(prompt, ex.question)
+        known = answers.setdefault(prompt, [])
+        known += [a for a in ex.golden_answers if a not in known]
+    prompts = [build_prompt(ex.question) for ex in examples]
+    rows = [{"prompt": p, "golden_answers": list(answers[p])} for p in prompts]
+    table = {p: (questions[p], tuple(answers[p])) for p in answers}
     return Dataset.from_list(rows), table
 
 
