@@ -99,7 +99,8 @@ def zerosearch_loop(
     import torch
 
     from zerosim.generation import HFGenerator
-    from zerosim.rollout import ProtocolTokens, build_prompt, parse_action
+    from zerosim.protocol import parse_action
+    from zerosim.rollout import ProtocolTokens, build_prompt
     from zerosim.search import SearchRequest
 
     torch.manual_seed(seed)

@@ -49,6 +49,8 @@ class MixedSearchEngine:
     answered (``search/mixed/*`` in the training metrics).
     """
 
+    metrics_name = "mixed"  # ``stats`` are logged as ``search/mixed/<counter>``
+
     def __init__(
         self,
         simulator: SearchEngine,

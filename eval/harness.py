@@ -25,7 +25,8 @@ from zerosim.config import EvalConfig, SearchConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import HFGenerator
 from zerosim.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
-from zerosim.rewards import extract_answer
+from zerosim.models import encode_chat_prompt
+from zerosim.protocol import extract_answer
 from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
 from zerosim.search import Document, SearchEngine, SearchRequest, format_documents
 
@@ -195,17 +196,11 @@ class Evaluator:
             model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=STOP_STRINGS
         )
 
-    def _encode(self, prompt: str) -> list[int]:
-        messages = [{"role": "user", "content": prompt}]
-        return list(
-            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        )
-
     def _answer(
         self, batch: Sequence[QAExample], prompts: Sequence[str], docs: Sequence[Sequence[Document]] | None
     ):
         outputs = self.answer_generator.generate(
-            [self._encode(p) for p in prompts], self.cfg.max_answer_tokens
+            [encode_chat_prompt(self.tokenizer, p) for p in prompts], self.cfg.max_answer_tokens
         )
         rows = []
         for i, (ex, out) in enumerate(zip(batch, outputs, strict=True)):

@@ -11,6 +11,7 @@ from typing import Any
 from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
 from zerosim.config import ConfigError, EvalConfig
 from zerosim.data.embedded import load_questions
+from zerosim.data.jsonl import write_jsonl
 from zerosim.fsutil import atomic_write_text
 from zerosim.search import SearchEngine
 from zerosim.tracking import log_config, log_jsonl, mlflow_run
@@ -180,7 +181,7 @@ def run_eval(
             for r in results
             for row in r.rows
         ]
-        atomic_write_text(out_dir / "questions.jsonl", "".join(json.dumps(q) + "\n" for q in questions))
+        write_jsonl(out_dir / "questions.jsonl", questions)
         atomic_write_text(out_dir / "table.json", json.dumps(rows, indent=2, sort_keys=True))
         atomic_write_text(out_dir / "table.md", md)
         mlflow.log_text(json.dumps(rows, indent=2, sort_keys=True), "table.json")

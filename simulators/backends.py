@@ -31,6 +31,7 @@ import torch
 
 from zerosim.generation import HFGenerator
 from zerosim.httpretry import Retryable, RetryingClient, check_settings
+from zerosim.models import encode_chat_prompt, format_chat_prompt
 from zerosim.search import SearchError
 
 logger = logging.getLogger(__name__)
@@ -63,12 +64,6 @@ class Completion:
 
 def _fingerprint(text: str | None) -> str:
     return "none" if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def chat_format(tokenizer, prompt: str) -> str:
-    """``prompt`` as one user message in ``tokenizer``'s chat template, ready for the assistant's answer."""
-    messages = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 # -- in-process ---------------------------------------------------------------------------------------
@@ -127,9 +122,7 @@ class TransformersBackend:
 
     def encode(self, prompt: str) -> list[int]:
         if self.apply_chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-            return list(ids)
+            return encode_chat_prompt(self.tokenizer, prompt)
         # as vLLM's /v1/completions does: the tokenizer's own special tokens (if any) are added
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
@@ -280,7 +273,9 @@ class OpenAIBackend:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
         texts = (
-            [chat_format(self.tokenizer, p) for p in prompts] if self.tokenizer is not None else list(prompts)
+            [format_chat_prompt(self.tokenizer, p) for p in prompts]
+            if self.tokenizer is not None
+            else list(prompts)
         )
         size = math.ceil(len(texts) / self.max_concurrency)
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]

@@ -67,6 +67,8 @@ class CachedSearchEngine:
     A request repeated within one call is sent once and counts as a hit the second time.
     """
 
+    metrics_name = "cache"  # ``stats`` are logged as ``search/cache/<counter>``
+
     def __init__(
         self,
         engine: SearchEngine,

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from simulators.prompts import SimulatorPrompts
 from zerosim.config import JudgeConfig, SimulatorCollectConfig
+from zerosim.data.jsonl import write_jsonl
 from zerosim.data.qa import QAExample
 from zerosim.fsutil import atomic_write_text
 from zerosim.metrics import answer_in_text
@@ -349,11 +350,6 @@ def balance_rows(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     return [r for i, r in enumerate(rows) if i in keep]
 
 
-def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Write atomically: a crash never leaves a half-written dataset under the final name."""
-    atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-
-
 def run_collect(
     cfg: SimulatorCollectConfig,
     *,
@@ -435,7 +431,7 @@ def run_collect(
         "mean_documents_per_row": sum(r["num_documents"] for r in rows) / len(rows),
     }
     out = Path(cfg.out)
-    write_jsonl(rows, out)
+    write_jsonl(out, rows)  # atomic: a crash never leaves a half-written dataset under the final name
     report_path = out.with_name(out.name + ".report.json")
     atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
     return CollectResult(out, report, rows)

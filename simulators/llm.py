@@ -68,7 +68,6 @@ class LLMSimulator:
 
     Args:
         backend: what completes the prompts (:class:`TransformersBackend`, :class:`OpenAIBackend`, ...).
-            For backward compatibility a transformers model is accepted here when ``tokenizer`` is given.
         words_per_doc: target length of each document (said in the prompt).
         max_new_tokens: generation budget for all documents of one prompt.
         temperature, top_p: sampling settings (temperature 0 = greedy).
@@ -83,10 +82,11 @@ class LLMSimulator:
             answer (see the module docstring).
     """
 
+    metrics_name = "simulator"  # ``stats`` are logged as ``search/simulator/<counter>``
+
     def __init__(
         self,
-        backend: TextBackend | Any,
-        tokenizer: Any = None,
+        backend: TextBackend,
         *,
         words_per_doc: int = 30,
         max_new_tokens: int = 192,
@@ -102,10 +102,11 @@ class LLMSimulator:
             raise ValueError(f"on_short={on_short!r} is not one of {', '.join(ON_SHORT)}")
         if on_leak not in ON_LEAK:
             raise ValueError(f"on_leak={on_leak!r} is not one of {', '.join(ON_LEAK)}")
-        if tokenizer is not None:
-            backend = TransformersBackend(backend, tokenizer)
         if not callable(getattr(backend, "complete", None)):
-            raise TypeError(f"backend {backend!r} has no complete(prompts, ...) method (see TextBackend)")
+            raise TypeError(
+                f"backend {type(backend).__name__} has no complete(prompts, ...) method (see TextBackend); "
+                "wrap a transformers model as TransformersBackend(model, tokenizer)"
+            )
         self.backend = backend
         self.words_per_doc = words_per_doc
         self.max_new_tokens = max_new_tokens

@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from simulators.backends import TransformersBackend
-from zerosim.server import running_app  # re-exported: serves any app (tests, benchmarks)
+from zerosim.http_server import running_app
 
 logger = logging.getLogger(__name__)
 

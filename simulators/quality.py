@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from simulators.llm import FAILURE_TEXTS
 from zerosim.config import SearchConfig, SimulatorEvalConfig
+from zerosim.data.jsonl import write_jsonl
 from zerosim.data.qa import QAExample
 from zerosim.metrics import answer_in_text, normalize_answer
 from zerosim.search import Document, SearchEngine, SearchRequest
@@ -217,9 +218,7 @@ def run_quality(
         md = markdown_table(report, model)
         atomic_write_text(out_dir / "table.json", json.dumps(report, indent=2, sort_keys=True))
         atomic_write_text(out_dir / "table.md", md)
-        atomic_write_text(
-            out_dir / "samples.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        )
+        write_jsonl(out_dir / "samples.jsonl", rows)
         mlflow.log_metrics({k: float(v) for k, v in report.items()})
         mlflow.log_artifact(str(out_dir / "table.json"))
         mlflow.log_artifact(str(out_dir / "table.md"))

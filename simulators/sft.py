@@ -26,25 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.config import SimulatorTrainConfig
+from zerosim.data.jsonl import DataError, at_line, iter_jsonl
 from zerosim.fsutil import atomic_directory
 
 REQUIRED_COLUMNS = ("prompt", "completion")
 PAIR_COLUMNS = ("mode", "query", "answers")  # what preference_pairs needs besides the conversation
 
 
-class DatasetError(ValueError):
-    """The SFT dataset is missing, empty or not in the prompt/completion form."""
-
-
-def _check_row(path: Path, line_no: int, row: object) -> None:
-    where = f"{path}, line {line_no}"
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+def _check_row(at: str, row: dict[str, Any]) -> None:
+    """Raise :class:`DataError` (prefixed ``at``) unless ``row`` has a conversational prompt and completion."""
     for column in REQUIRED_COLUMNS:
         value = row.get(column)
         if value is None:
-            raise DatasetError(
-                f"{where}: no '{column}' field; rows need 'prompt' and 'completion' "
+            raise DataError(
+                f"{at}: no '{column}' field; rows need 'prompt' and 'completion' "
                 "(write the dataset with `zerosim simulator collect`)"
             )
         ok = isinstance(value, str) or (
@@ -53,37 +48,33 @@ def _check_row(path: Path, line_no: int, row: object) -> None:
             and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
         )
         if not ok:
-            raise DatasetError(
-                f"{where}: '{column}' must be a string or a list of {{role, content}} messages"
-            )
+            raise DataError(f"{at}: '{column}' must be a string or a list of {{role, content}} messages")
 
 
 def read_rows(path: str | Path, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The rows of ``path`` (``prompt``, ``completion`` and the ``extra`` columns); every row checked first."""
+    """The rows of ``path`` (``prompt``, ``completion`` and the ``extra`` columns); every row checked first.
+
+    A bad file or row raises :class:`~zerosim.data.jsonl.DataError` naming the file, the line and the fix.
+    """
     path = Path(path)
     if not path.is_file():
-        raise DatasetError(
+        raise DataError(
             f"SFT dataset {path} does not exist; build one with `zerosim simulator collect --out {path}`"
         )
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}, line {line_no}: not valid JSON ({exc.msg})") from None
-            _check_row(path, line_no, row)
-            missing = [c for c in extra if c not in row]
-            if missing:
-                raise DatasetError(
-                    f"{path}, line {line_no}: no {', '.join(map(repr, missing))} field; the dpo objective "
-                    "pairs rows by query and mode (write the dataset with `zerosim simulator collect`)"
-                )
-            rows.append({c: row[c] for c in (*REQUIRED_COLUMNS, *extra)})
+    for line_no, row in iter_jsonl(path):
+        _check_row(at_line(path, line_no), row)
+        missing = [c for c in extra if c not in row]
+        if missing:
+            raise DataError(
+                f"{at_line(path, line_no)}: no {', '.join(map(repr, missing))} field; the dpo objective "
+                "pairs rows by query and mode (write the dataset with `zerosim simulator collect`)"
+            )
+        rows.append({c: row[c] for c in (*REQUIRED_COLUMNS, *extra)})
     if not rows:
-        raise DatasetError(f"SFT dataset {path} has no rows")
+        raise DataError(
+            f"SFT dataset {path} has no rows; write it with `zerosim simulator collect --out {path}`"
+        )
     return rows
 
 
@@ -158,7 +149,7 @@ def load_preference_dataset(path: str | Path, seed: int = 0):
 
     pairs = preference_pairs(read_rows(path, PAIR_COLUMNS), seed)
     if not pairs:
-        raise DatasetError(
+        raise DataError(
             f"{path}: no query has both a useful and a noisy row, so there is nothing to contrast; "
             "collect with balance=true (pairs first) or train with objective=sft"
         )

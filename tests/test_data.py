@@ -247,14 +247,14 @@ def test_seed_changes_phrasing_not_splits(tmp_path, few_entries):
 
 
 def test_failed_build_leaves_nothing_behind(tmp_path, few_entries, monkeypatch):
-    write = factbook._write_jsonl
+    write = factbook.write_jsonl
 
-    def crash_on_test_split(path, rows):
+    def crash_on_test_split(path, rows, **kwargs):
         if path.name == "test.jsonl":
             raise OSError("disk full")
-        write(path, rows)
+        write(path, rows, **kwargs)
 
-    monkeypatch.setattr(factbook, "_write_jsonl", crash_on_test_split)
+    monkeypatch.setattr(factbook, "write_jsonl", crash_on_test_split)
     with pytest.raises(OSError, match="disk full"):
         build_factbook(tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []  # no out dir, no temp dir

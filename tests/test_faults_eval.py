@@ -280,7 +280,7 @@ def _validation_prompts(policy, trainer, monkeypatch, pass_answers, engine):
     cfg.validation = ValidationConfig(every=1, batch_size=2, engine=engine)
     train_sim, own_sim = simulator(value), simulator(value)
     monkeypatch.setattr(zerosim.train, "build_search_engine", lambda *a, **kw: own_sim)
-    val = zerosim.train.build_validation(cfg, QUESTIONS, train_sim, tok, [trainer])
+    val = zerosim.train.build_validation(cfg, QUESTIONS, train_sim, tok).bind(trainer)
     val.generator_for = lambda model, sync: SearchThenAnswer(tok)
     val.validate(0)
     return (train_sim if engine == "train" else own_sim).backend.prompts

@@ -31,8 +31,8 @@ from simulators.openai_server import create_openai_app
 from zerosim.config import BM25Config, ConfigError, CurriculumConfig, HTTPConfig, SearchConfig
 from zerosim.engines import build_search_engine, curriculum_adds_noise
 from zerosim.http_search import HTTPSearchEngine
+from zerosim.http_server import running_app, running_server
 from zerosim.search import Document, SearchError, SearchRequest
-from zerosim.server import running_app, running_server
 
 CORPUS = [
     Document("peru-0", "Peru - Government", "The capital of Peru is Lima."),

@@ -13,8 +13,8 @@ import pytest
 
 from eval.bm25 import BM25Retriever
 from zerosim.http_search import HTTPSearchEngine
+from zerosim.http_server import running_server
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
-from zerosim.server import running_server
 
 CORPUS = [
     Document("peru-0", "Peru - Government", "The capital of Peru is Lima."),
@@ -128,7 +128,7 @@ def fake(fake_server):
     return engine, url
 
 
-# -- round trips against zerosim.server ------------------------------------------------------------
+# -- round trips against zerosim.http_server ------------------------------------------------------------
 
 
 def test_same_documents_as_the_engine_in_process(bm25_url):

@@ -102,11 +102,11 @@ class Recorder:
 
 
 class FakeSim(Recorder):
-    pass
+    metrics_name = "fakesim"
 
 
 class FakeReal(Recorder):
-    pass
+    metrics_name = "fakereal"
 
 
 def test_mixed_engine_routes_by_source_in_order_one_call_per_part():

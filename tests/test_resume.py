@@ -261,7 +261,7 @@ def test_a_state_file_holding_code_is_refused_not_run(tmp_path):
         train_module.resume_point(cfg, folder)
     assert not marker.exists()
     with pytest.raises(ConfigError, match="tensors and plain values"):
-        train_module.ZerosimState(None, [None], run_id="d" * 32, config={}).load(checkpoint)
+        train_module.ZerosimState(None, run_id="d" * 32, config={}).load(checkpoint)
     assert not marker.exists()
 
 
@@ -295,7 +295,7 @@ def test_rotation_keeps_the_last_complete_checkpoint_when_the_new_one_is_not(tmp
 
     good = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, {"model.bin": b"abc"})
     _checkpoint(tmp_path, 2, {"global_step": 2, "files": {"model.bin": 3}}, {"model.bin": b"ab"})  # short
-    ZerosimState(None, [None], run_id="r", config={}, keep=1).rotate(tmp_path, newest=2)
+    ZerosimState(None, run_id="r", config={}, keep=1).rotate(tmp_path, newest=2)
     assert good.is_dir() and last_complete_checkpoint(tmp_path) == good
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from zerosim.rewards import answer_reward, extract_answer, make_reward_func
+from zerosim.protocol import extract_answer
+from zerosim.rewards import answer_reward, make_reward_func
 
 
 def test_extract_answer():

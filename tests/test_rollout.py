@@ -7,7 +7,8 @@ import pytest
 from curricula import ConstantSchedule, CurriculumNoise
 from zerosim.config import RolloutConfig
 from zerosim.generation import Generation, HFGenerator
-from zerosim.rollout import INVALID_ACTION, SearchRollout, build_prompt, parse_action
+from zerosim.protocol import parse_action
+from zerosim.rollout import INVALID_ACTION, SearchRollout, build_prompt
 from zerosim.search import Document, SearchError
 
 TURN_TEXTS = [
@@ -134,7 +135,9 @@ def test_search_answer_flow_and_metrics(tokenizer):
     m = rollout.metrics(trajs, 0, timing)
     assert m["rollout/searches_per_traj"] == 1 and m["rollout/answer_rate"] == 1
     assert m["rollout/em"] == 1 and m["rollout/f1"] == 1 and m["rollout/answer_echo_rate"] == 0
-    assert m["curriculum/noise_prob"] == 0.5
+    assert "curriculum/noise_prob" not in m  # the loop knows no schedule: the caller's step_metrics add it
+    rollout.step_metrics = lambda step: {"curriculum/noise_prob": 0.25 * (step + 2)}
+    assert rollout.metrics(trajs, 0, timing)["curriculum/noise_prob"] == 0.5
 
 
 def test_answer_echo_flags_an_answer_that_restates_the_question():

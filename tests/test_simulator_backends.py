@@ -16,11 +16,11 @@ from simulators import LLMSimulator, OpenAIBackend, TransformersBackend
 from simulators.openai_server import (
     create_openai_app,
     parse_lora,
-    running_app,
     running_openai_server,
     start_simulator_server,
     vllm_command,
 )
+from zerosim.http_server import running_app
 from zerosim.search import SearchError, SearchRequest
 
 SETTINGS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 11}  # top_p 1: no vocab sort

@@ -24,8 +24,9 @@ from simulators.llm import MISSING_DOC_TEXT
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
 from simulators.quality import ResultScore, score
-from simulators.sft import DatasetError, load_preference_dataset, load_sft_dataset, preference_pairs
+from simulators.sft import load_preference_dataset, load_sft_dataset, preference_pairs
 from zerosim.config import ConfigError, SimulatorCollectConfig, load_config
+from zerosim.data import DataError
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
 from zerosim.metrics import answer_in_text
@@ -244,29 +245,29 @@ def test_preference_pairs_contrast_the_modes_at_equal_length():
 def test_dpo_dataset_needs_pairable_rows(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
-    with pytest.raises(DatasetError, match="no 'mode', 'query', 'answers' field"):
+    with pytest.raises(DataError, match="no 'mode', 'query', 'answers' field"):
         load_preference_dataset(path)
     row = _collected("capital of Chile", ["Santiago"], "noisy", ["Chile is long."])
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(DatasetError, match="objective=sft"):
+    with pytest.raises(DataError, match="objective=sft"):
         load_preference_dataset(path)
 
 
 def test_sft_dataset_errors_name_file_line_and_fix(tmp_path):
-    with pytest.raises(DatasetError, match="zerosim simulator collect"):
+    with pytest.raises(DataError, match="zerosim simulator collect"):
         load_sft_dataset(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "p", "completion": "c"}\nnot json\n')
-    with pytest.raises(DatasetError, match="line 2: not valid JSON"):
+    with pytest.raises(DataError, match="line 2: invalid JSON"):
         load_sft_dataset(bad)
     bad.write_text('{"prompt": [{"role": "user", "content": "p"}]}\n')
-    with pytest.raises(DatasetError, match="line 1: no 'completion' field"):
+    with pytest.raises(DataError, match="line 1: no 'completion' field"):
         load_sft_dataset(bad)
     bad.write_text('{"prompt": [{"role": "user"}], "completion": "c"}\n')
-    with pytest.raises(DatasetError, match="list of \\{role, content\\} messages"):
+    with pytest.raises(DataError, match="list of \\{role, content\\} messages"):
         load_sft_dataset(bad)
     bad.write_text("\n")
-    with pytest.raises(DatasetError, match="has no rows"):
+    with pytest.raises(DataError, match="has no rows"):
         load_sft_dataset(bad)
 
 

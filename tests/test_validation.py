@@ -58,8 +58,8 @@ def test_greedy_pass_matches_the_eval_harness(trainer, tokenizer):
     qs = examples(5)
     val = Validation(
         ValidationConfig(every=1, batch_size=2), qs, rollout=ROLLOUT, k=2, engine=LimaEngine(),
-        tokenizer=tokenizer, trainer_ref=[trainer],
-    )  # fmt: skip
+        tokenizer=tokenizer,
+    ).bind(trainer)  # fmt: skip
     trainer.model.train()
     metrics = val.validate(3)
     assert trainer.model.training  # put back in training mode
@@ -101,8 +101,8 @@ def test_metrics_are_exact_over_uneven_batches(trainer, tokenizer):
     rollout = RolloutConfig(max_turns=2, max_new_tokens=32, max_completion_tokens=400)
     val = Validation(
         ValidationConfig(every=2, batch_size=3), examples(7), rollout=rollout, k=2, engine=engine,
-        tokenizer=tokenizer, trainer_ref=[trainer],
-    )  # fmt: skip
+        tokenizer=tokenizer,
+    ).bind(trainer)  # fmt: skip
     val.generator_for = lambda model, sync: Scripted(tokenizer)
     m = val.validate(0)
     assert m["val/questions"] == 7
@@ -120,8 +120,8 @@ def test_schedule_of_passes(trainer, tokenizer):
 
     val = Validation(
         ValidationConfig(every=2), examples(2), rollout=ROLLOUT, k=2, engine=LimaEngine(),
-        tokenizer=tokenizer, trainer_ref=[trainer],
-    )  # fmt: skip
+        tokenizer=tokenizer,
+    ).bind(trainer)  # fmt: skip
     steps = []
     val.validate = lambda step: steps.append(step)
     val.on_train_begin(None, SimpleNamespace(global_step=0), None)

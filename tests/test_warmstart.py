@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 from zerosim.data.qa import QAExample
-from zerosim.rollout import ProtocolTokens, build_prompt, parse_action
+from zerosim.protocol import parse_action
+from zerosim.rollout import ProtocolTokens, build_prompt
 from zerosim.search import Document
 from zerosim.warmstart import IGNORE_INDEX, build_examples
 

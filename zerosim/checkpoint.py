@@ -175,12 +175,14 @@ class ZerosimState(TrainerCallback):
     guard's streak. Plain values and tensors only (it is loaded with ``weights_only=True``). Written to a
     temporary name and renamed, after the trainer's own files; only then are older checkpoints deleted,
     keeping the newest ``keep`` complete ones (``keep`` < 1: all).
+
+    The trainer is built after its callbacks: :meth:`bind` gives it to this one (its critic and accelerator),
+    before training starts and before :meth:`load`.
     """
 
     def __init__(
         self,
         schedule,
-        trainer_ref: list,
         *,
         run_id: str,
         config: dict[str, Any],
@@ -190,11 +192,24 @@ class ZerosimState(TrainerCallback):
         guard=None,
     ):
         self.schedule = schedule
-        self.trainer_ref = trainer_ref  # a one-element list: the trainer exists after the callback
+        self.trainer = None  # set by bind()
         self.run_id = run_id
         self.config = config
         self.keep = keep
         self.rollout, self.validation, self.guard = rollout, validation, guard
+
+    def bind(self, trainer) -> ZerosimState:
+        """Give this callback the trainer it runs in (built after it); returns ``self``."""
+        self.trainer = trainer
+        return self
+
+    def _bound(self, what: str):
+        if self.trainer is None:
+            raise RuntimeError(
+                f"ZerosimState has no trainer to {what}: call state_callback.bind(trainer) once the trainer "
+                "is built, before training or load()"
+            )
+        return self.trainer
 
     def payload(self, checkpoint: Path, step: int) -> dict[str, Any]:
         files = {
@@ -211,7 +226,7 @@ class ZerosimState(TrainerCallback):
         }
         if hasattr(self.schedule, "state_dict"):
             payload["schedule"] = self.schedule.state_dict()
-        trainer = self.trainer_ref[0]
+        trainer = self._bound("save the critic of")
         if getattr(trainer, "critic", None) is not None:
             payload["critic"] = trainer.critic.state_dict()
             payload["critic_optimizer"] = trainer.critic_optimizer.state_dict()
@@ -228,8 +243,8 @@ class ZerosimState(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         # every rank writes its own files (RNG state, ZeRO / FSDP shards) on its own schedule: wait for all of
         # them before the file list is taken, or a half-written one would be listed (or missed)
-        trainer = self.trainer_ref[0]
-        if trainer is not None and trainer.accelerator.num_processes > 1:
+        trainer = self._bound("synchronise the ranks of")
+        if trainer.accelerator.num_processes > 1:
             trainer.accelerator.wait_for_everyone()
         if not state.is_world_process_zero:  # one writer; every rank holds the same curriculum and critic
             return
@@ -265,8 +280,8 @@ class ZerosimState(TrainerCallback):
         payload = read_state(checkpoint)
         if "schedule" in payload:
             self.schedule.load_state_dict(payload["schedule"])
-        trainer = self.trainer_ref[0]
-        if "critic" in payload and getattr(trainer, "critic", None) is not None:
+        trainer = self._bound("restore the critic into") if "critic" in payload else None
+        if getattr(trainer, "critic", None) is not None:
             trainer.critic.load_state_dict(payload["critic"])
             trainer.critic_optimizer.load_state_dict(payload["critic_optimizer"])
         if self.rollout is not None:

@@ -292,8 +292,8 @@ def serve_retriever(
     """Serve a built index over POST /retrieve and GET /health."""
     from curricula.negatives import CorpusNegatives
     from eval.index import load_index
+    from zerosim.http_server import serve
     from zerosim.runtime import apply_threads
-    from zerosim.server import serve
 
     apply_threads(threads)
 

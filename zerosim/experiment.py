@@ -47,6 +47,7 @@ from zerosim.config import (
     TrainConfig,
     load_config,
 )
+from zerosim.data.jsonl import read_jsonl
 from zerosim.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -687,8 +688,7 @@ METRICS = ("em", "f1", "cover_em")
 def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     """dataset -> question id -> metric -> score, from an eval stage's questions.jsonl."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for line in Path(path).read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(path):
         out.setdefault(row["dataset"], {})[row["id"]] = {m: float(row[m]) for m in METRICS}
     return out
 

@@ -14,6 +14,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 from filelock import FileLock, Timeout
 
@@ -96,17 +97,25 @@ def build_once(target: str | Path, done: Callable[[], bool], build: Callable[[],
         lock.release()
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path`` (mode
-    ``0o666 & ~umask``, as ``open`` would create it)."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[TextIO]:
+    """A UTF-8 text file to write, open on a temporary file beside ``path``; when the block ends it is
+    renamed over ``path`` (mode ``0o666 & ~umask``, as ``open`` would create it). On any exception
+    (KeyboardInterrupt included) the temporary file is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _make_temp_file(path.parent, f".tmp-{path.name}-")
     try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(fd, "w", encoding="utf-8", newline="\n") as f:
+            yield f
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path`` (:func:`atomic_open`)."""
+    with atomic_open(path) as f:
+        f.write(text)
+    return Path(path)

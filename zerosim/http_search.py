@@ -1,6 +1,6 @@
 """A :class:`~zerosim.search.SearchEngine` that asks a search server over HTTP (Search-R1 ``/retrieve`` API).
 
-Works against :mod:`zerosim.server` (any engine, the simulator included) and against a plain Search-R1
+Works against :mod:`zerosim.http_server` (any engine, the simulator included) and against a plain Search-R1
 retrieval server. One POST per ``search`` call carries every query. Failures are retried a bounded number of
 times with exponential backoff and then raised as :class:`SearchError`; an answer is never replaced by an
 empty list. Each attempt ends by its deadline (``connect_timeout + read_timeout``), so one search takes at

@@ -144,6 +144,23 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
+def _user_turn(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def encode_chat_prompt(tokenizer, text: str) -> list[int]:
+    """The token ids of ``text`` as one user message in ``tokenizer``'s chat template, ready for the
+    assistant's first token: every prompt a policy or an in-process simulator is given goes through here."""
+    return list(
+        tokenizer.apply_chat_template(_user_turn(text), add_generation_prompt=True, return_dict=False)
+    )
+
+
+def format_chat_prompt(tokenizer, text: str) -> str:
+    """:func:`encode_chat_prompt` as text, for a server that tokenises it itself (vLLM)."""
+    return tokenizer.apply_chat_template(_user_turn(text), add_generation_prompt=True, tokenize=False)
+
+
 def load_causal_lm(name_or_path: str, dtype: str = "auto"):
     """A causal LM on the default device, in the default dtype for it."""
     from transformers import AutoModelForCausalLM

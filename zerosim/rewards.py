@@ -6,24 +6,15 @@ from the policy's own tokens, so text inside ``<information>`` blocks can never 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from zerosim.metrics import cover_exact_match, exact_match, f1_score
-
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
     "em": exact_match,
     "f1": f1_score,
     "cover_em": cover_exact_match,
 }
-
-
-def extract_answer(text: str) -> str | None:
-    """The content of the last complete ``<answer>...</answer>`` in ``text``, stripped; ``None`` if none."""
-    found = ANSWER_RE.findall(text)
-    return found[-1].strip() if found else None
 
 
 def answer_reward(prediction: str | None, golds: Sequence[str], metric: str = "em") -> float:

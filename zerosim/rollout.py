@@ -21,7 +21,6 @@ batch would have drawn, and the loop knows no schedule. ``mixed/*`` metrics spli
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -32,6 +31,8 @@ from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnSync
 from zerosim.generation import Generation, HFGenerator, VLLMGenerator
 from zerosim.metrics import exact_match, f1_score
+from zerosim.models import encode_chat_prompt
+from zerosim.protocol import parse_action
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 STOP_STRINGS = ("</search>", "</answer>")
@@ -61,27 +62,10 @@ SOURCE_GROUPS = (
     "none",
 )  # a trajectory's searches: all real, all simulated, mixed, none
 
-_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-
 
 def build_prompt(question: str) -> str:
     """The user message that asks the policy to answer ``question`` with the search protocol."""
     return INSTRUCTION.format(question=question.strip())
-
-
-def parse_action(text: str) -> tuple[str, str]:
-    """The action a turn's text ends with: ``("search", query)``, ``("answer", answer)`` or ``("invalid", "")``.
-
-    Generation stops at the first closing tag, so the last complete tag pair is the turn's action. An empty
-    query is invalid; an empty answer is still an answer (it scores 0).
-    """
-    matches = list(_ACTION_RE.finditer(text))
-    if not matches:
-        return "invalid", ""
-    kind, content = matches[-1].group(1), matches[-1].group(2).strip()
-    if kind == "search" and not content:
-        return "invalid", ""
-    return kind, content
 
 
 @dataclass
@@ -153,10 +137,7 @@ class ProtocolTokens:
 
     def prompt(self, text: str) -> list[int]:
         """The user message ``text`` in the chat template, ready for the assistant's first token."""
-        messages = [{"role": "user", "content": text}]
-        return list(
-            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        )
+        return encode_chat_prompt(self.tokenizer, text)
 
     def observation(self, docs: Sequence[Document]) -> list[int]:
         """``<information>`` + the formatted documents clipped to ``max_obs_tokens`` + ``</information>``."""
@@ -462,10 +443,11 @@ class SearchRollout:
 
 
 def engine_counters(engine: Any) -> dict[str, float]:
-    """The running counters of a search engine and the engines it wraps, as ``search/<layer>/<counter>``.
+    """The running counters of a search engine and the engines it wraps, as ``search/<name>/<counter>``.
 
-    ``CachedSearchEngine`` gives ``search/cache/hits``…, ``LLMSimulator`` ``search/simulator/noisy_leaks``…
-    (cumulative since the start of the process).
+    ``<name>`` is the name an engine with ``stats`` declares as ``metrics_name`` (``CachedSearchEngine``:
+    ``search/cache/hits``…, ``LLMSimulator``: ``search/simulator/noisy_leaks``…); counters are cumulative
+    since the start of the process.
     """
     out: dict[str, float] = {}
     seen: set[int] = set()
@@ -477,9 +459,14 @@ def engine_counters(engine: Any) -> dict[str, float]:
         seen.add(id(engine))
         stats = getattr(engine, "stats", None)
         if isinstance(stats, Mapping):
-            layer = type(engine).__name__.removesuffix("SearchEngine").lower()
-            layer = {"cached": "cache", "llmsimulator": "simulator"}.get(layer, layer)
-            out.update({f"search/{layer}/{key}": float(value) for key, value in stats.items()})
+            name = getattr(engine, "metrics_name", None)
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"{type(engine).__name__} keeps stats but declares no metrics_name: give the class one "
+                    f'(e.g. metrics_name = "{type(engine).__name__.lower()}"), its counters are logged as '
+                    "search/<metrics_name>/<counter>"
+                )
+            out.update({f"search/{name}/{key}": float(value) for key, value in stats.items()})
         # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever, and both
         # parts of a MixedSearchEngine (its simulator and its real retriever)
         parts = getattr(engine, "parts", None)

@@ -8,12 +8,12 @@ docs/metrics.md.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zerosim.config import ConfigError, TrackingConfig, flatten, to_yaml
+from zerosim.data.jsonl import jsonl_text
 
 
 def configure(tracking: TrackingConfig, experiment: bool = True) -> None:
@@ -150,11 +150,10 @@ def log_config(cfg: Any, prefix: str = "") -> None:
 
 
 def log_jsonl(rows: Iterable[Mapping[str, Any]], artifact_file: str) -> None:
-    """Rows as a JSON-lines artifact."""
+    """Rows as a JSON-lines artifact (:func:`zerosim.data.jsonl.jsonl_text`, keys sorted)."""
     import mlflow
 
-    text = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
-    mlflow.log_text(text, artifact_file)
+    mlflow.log_text(jsonl_text(rows, sort_keys=True), artifact_file)
 
 
 PLOTTED = (

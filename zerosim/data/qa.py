@@ -8,19 +8,15 @@ local path is read from the Hugging Face hub with ``datasets.load_dataset``. A b
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zerosim.data.jsonl import DataError, at_line, iter_jsonl
 from zerosim.search import Document
 
 FILE_SUFFIXES = (".jsonl", ".parquet")
-
-
-class DataError(ValueError):
-    """A dataset file is missing or holds a row that does not fit the expected format."""
 
 
 @dataclass(frozen=True)
@@ -60,25 +56,8 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
         for i, row in enumerate(table.to_pylist(), start=1):
             yield f"{path} row {i}", row
         return
-    with open(path, "rb") as f:  # bytes: a non-UTF-8 byte is reported with its line, not mid-iteration
-        for i, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # tolerate a BOM
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path} line {i}: not UTF-8 text (byte 0x{raw[e.start]:02x}, byte {e.start + 1} of the "
-                    "line); save the file as UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path} line {i}: invalid JSON ({e.msg} at column {e.colno}); each line must be one "
-                    "complete JSON object"
-                ) from None
-            yield f"{path} line {i}", row
+    for i, row in iter_jsonl(path):
+        yield at_line(path, i), row
 
 
 def _object(where: str, row: Any) -> dict:
