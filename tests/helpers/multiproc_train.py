@@ -77,7 +77,8 @@ def traced_run(self, generator, prompts, step, *, sync=None, offset=0):
     record = {
         "rank": RANK,
         "step": step,
-        "p": self.schedule.probability(step),
+        # training rollouts draw the curriculum's noise (CurriculumNoise); validation ones none (p 0)
+        "p": self.noise.schedule.probability(step) if self.noise is not None else 0.0,
         "offset": offset,
         "generate_calls": policy.calls,
         "engine_calls": counted.calls,
