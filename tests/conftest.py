@@ -50,3 +50,36 @@ def tiny_encoder(tmp_path_factory):
     modules = [Transformer(str(root / "bert"), max_seq_length=128), Pooling(32, "mean")]
     SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
     return str(root / "st")
+
+
+@pytest.fixture
+def capitals(tmp_path):
+    """``capitals(n)`` writes ``qa.jsonl`` (n questions "What is the capital of country X?") and
+    ``corpus.jsonl`` (8 passages naming each capital) into ``tmp_path``; returns both paths."""
+    import json
+
+    def write(n: int = 8):
+        letters = "ABCDEFGH"
+        rows = [
+            {
+                "id": f"q{i}",
+                "question": f"What is the capital of country {c}?",
+                "golden_answers": [f"City{c}"],
+            }
+            for i, c in enumerate(letters[:n])
+        ]
+        qa = tmp_path / "qa.jsonl"
+        qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text(
+            "".join(
+                json.dumps(
+                    {"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."}
+                )
+                + "\n"
+                for i, c in enumerate(letters)
+            )
+        )
+        return qa, corpus
+
+    return write

@@ -51,22 +51,9 @@ def test_paired_bootstrap_sees_what_an_unpaired_one_cannot():
 
 
 @pytest.fixture
-def tiny_experiment(tmp_path, tiny_model_dir):
+def tiny_experiment(tmp_path, tiny_model_dir, capitals):
     """The smoke preset pointed at the tiny model, a tiny corpus and QA file, and a temporary store."""
-    rows = [
-        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
-        for i, c in enumerate("ABCDEFGH")
-    ]
-    qa = tmp_path / "qa.jsonl"
-    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
-            + "\n"
-            for i, c in enumerate("ABCDEFGH")
-        )
-    )
+    qa, corpus = capitals(8)
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["base"] = str(ROOT / cfg["base"])
     cfg["output_dir"] = str(tmp_path / "experiments")

@@ -404,23 +404,10 @@ def _env():
     return {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
 
 
-def test_one_training_step_with_mixed_search_logs_mixed_metrics(tmp_path, tiny_model_dir):
+def test_one_training_step_with_mixed_search_logs_mixed_metrics(tmp_path, tiny_model_dir, capitals):
     import mlflow
 
-    rows = [
-        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
-        for i, c in enumerate("ABCD")
-    ]
-    qa = tmp_path / "qa.jsonl"
-    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
-            + "\n"
-            for i, c in enumerate("ABCDEFGH")
-        )
-    )
+    qa, corpus = capitals(4)
     db = tmp_path / "mlflow.db"
     cmd = [
         sys.executable, "-m", "zerosim.cli", "train", "--config", str(ROOT / "configs" / "demo.yaml"),

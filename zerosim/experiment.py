@@ -756,11 +756,13 @@ def manifest(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> dict
     corpus = {}
     for engine in cfg.eval.engines:
         if engine in ("bm25", "dense"):
+            from eval.index import corpus_file_fingerprint
             from zerosim.engines import resolve_corpus
 
             source = getattr(ws.search, engine).corpus
             path = Path(resolve_corpus(source))
-            corpus[engine] = {"source": source, "path": str(path), "sha256": _file_sha(path)}
+            # the fingerprint an index manifest records, so a reader can match the report to an index
+            corpus[engine] = {"source": source, "path": str(path), **corpus_file_fingerprint(path)}
     versions = {}
     for pkg in (
         "zerosim",
@@ -807,14 +809,6 @@ def manifest(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> dict
         "versions": versions,
         "stages": stage_records,
     }
-
-
-def _file_sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_report(

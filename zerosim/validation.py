@@ -91,7 +91,7 @@ class Validation(TrainerCallback):
             k=k,
             examples={build_prompt(ex.question): (ex.question, ex.golden_answers) for ex in self.examples},
             # the engine as it is (no curriculum noise); a mixed engine's sources drawn as in training
-            source=None if find_mixed(engine) is None else find_mixed(engine).draw_source,
+            source=getattr(find_mixed(engine), "draw_source", None),
         )
         self.history: list[dict[str, float]] = []
         self.last_rows: list[dict[str, Any]] = []
