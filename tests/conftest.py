@@ -83,3 +83,64 @@ def capitals(tmp_path):
         return qa, corpus
 
     return write
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory):
+    """An empty MLflow sqlite store with its tables created (the migrations take seconds per new store)."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")
+    client.search_experiments()  # creates and migrates the tables
+    return path
+
+
+@pytest.fixture
+def mlflow_db(tmp_path, _mlflow_template):
+    """A fresh MLflow store for this test: ``sqlite:///<tmp_path>/mlflow.db``, copied from an empty one."""
+    import shutil
+
+    path = tmp_path / "mlflow.db"
+    shutil.copyfile(_mlflow_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def zerosim_cli():
+    """``zerosim_cli(*args)`` runs ``zerosim ARGS`` in this process through typer's CliRunner — the same
+    command tree as the console script, without a new interpreter importing torch, transformers, TRL and
+    MLflow for every command — and returns the result (``stdout``, ``stderr``, ``exit_code``), asserting
+    exit code 0 unless ``code=`` says otherwise. What a command changes for the whole process is put back
+    after each call: the environment (thread counts, ``MLFLOW_TRACKING_URI``), torch's thread count, an
+    MLflow run left active. Tests that kill a run or need a process of their own start ``python -m
+    zerosim.cli``."""
+    import traceback
+
+    import mlflow
+    import torch
+    from typer.testing import CliRunner
+
+    from zerosim.cli import app
+
+    def run(*args, code: int | None = 0, env=None):
+        environ, threads = dict(os.environ), torch.get_num_threads()
+        try:
+            result = CliRunner().invoke(
+                app, [str(a) for a in args], env={"ZEROSIM_DEBUG": None, **(env or {})}
+            )
+        finally:
+            while mlflow.active_run() is not None:
+                mlflow.end_run()
+            os.environ.clear()
+            os.environ.update(environ)
+            torch.set_num_threads(threads)
+        if code is not None and result.exit_code != code:
+            trace = "".join(traceback.format_exception(result.exception)) if result.exception else ""
+            raise AssertionError(
+                f"zerosim {' '.join(map(str, args))[:300]}\nexit code {result.exit_code}, expected {code}\n"
+                f"{result.stderr[-4000:]}\n{trace[-4000:]}"
+            )
+        return result
+
+    return run

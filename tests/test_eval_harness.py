@@ -1,8 +1,6 @@
 """The evaluation harness: every row counted, methods, table, and the CLI end to end on a tiny model."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,7 +78,7 @@ def test_table_average_row_and_markdown():
     assert "| average | 5 | 75.0 |" in md
 
 
-def test_cli_eval_end_to_end(tmp_path, tiny_model_dir):
+def test_cli_eval_end_to_end(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
     import mlflow
 
     rows = "".join(
@@ -98,18 +96,16 @@ def test_cli_eval_end_to_end(tmp_path, tiny_model_dir):
             for i in range(5)
         )
     )
-    db = tmp_path / "mlflow.db"
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "eval", "--policy", str(tiny_model_dir), "--dataset", f"{nq},{hotpotqa}",
+        "eval", "--policy", str(tiny_model_dir), "--dataset", f"{nq},{hotpotqa}",
         "--search", "bm25", "--method", "rag", f"search.bm25.corpus={corpus}", "batch_size=2",
-        "max_answer_tokens=4", f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri=sqlite:///{db}",
+        "max_answer_tokens=4", f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri={mlflow_db}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    zerosim_cli(*cmd)
     rows = json.loads((tmp_path / "out" / "rag-bm25" / "table.json").read_text())
     assert [r["dataset"] for r in rows] == ["nq", "hotpotqa", "average"] and rows[0]["n"] == 5
     assert rows[0]["recall"] == 1.0
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["zerosim-eval"], output_format="list")
     assert (
         run.data.tags["zerosim.job"] == "eval"

@@ -77,16 +77,11 @@ def tiny_experiment(tmp_path, tiny_model_dir, capitals):
     return path, tmp_path
 
 
-def _cli(*args, timeout=900):
-    cmd = [sys.executable, "-m", "zerosim.cli", "experiment", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
 def _stages(root: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in (root / "stages").glob("*/stage.json")}
 
 
-def test_smoke_experiment_end_to_end(tiny_experiment):
+def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     import mlflow
 
     config, tmp = tiny_experiment
@@ -108,19 +103,14 @@ def test_smoke_experiment_end_to_end(tiny_experiment):
     assert {"sim-collect", "sim-sft", "sim-dpo", "sim-quality", "warmstart"} <= set(before)
     assert "report" not in before
 
-    from typer.testing import CliRunner
-
-    from zerosim.cli import app
-
-    dry = CliRunner().invoke(app, ["experiment", "--config", str(config), "--dry-run"])  # in process: fast
-    assert dry.exit_code == 0, dry.output[-3000:]
+    monkeypatch.chdir(ROOT)
+    dry = zerosim_cli("experiment", "--config", config, "--dry-run")
     status = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in dry.output.splitlines()
               if line.count("│") >= 4}  # fmt: skip
     assert all(status[name] == "reuse" for name in before), status
     assert status["report"] == "run" and "estimated" in dry.output
 
-    done = _cli("--config", config)
-    assert done.returncode == 0, done.stderr[-4000:]
+    zerosim_cli("experiment", "--config", config)  # in process, continuing the killed run
     stages = _stages(root)
     for name, record in before.items():
         assert stages[name]["finished"] == record["finished"], f"{name} ran again after the kill"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -384,13 +382,10 @@ def test_plan_shows_both_parts_and_the_share_over_the_run():
     assert "the training mix at real share 0.8" in rows["validation"]
 
 
-def test_cli_dry_run_with_mixed_search(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "zerosim.cli", "train", "--config", str(ROOT / "configs" / "demo.yaml"), "--dry-run",
-         "search.engine=mixed", "search.mixed.real_share=0.3"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**_env(), "COLUMNS": "250"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_cli_dry_run_with_mixed_search(tmp_path, zerosim_cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = zerosim_cli("train", "--config", ROOT / "configs" / "demo.yaml", "--dry-run", "search.engine=mixed",
+                       "search.mixed.real_share=0.3", env={"WORLD_SIZE": None})  # fmt: skip
     out = " ".join(proc.stdout.split())
     assert "dry run: nothing loaded" in out
     assert "each search drawn: bm25 with share 0.30 throughout, the simulator otherwise" in out
@@ -398,36 +393,24 @@ def test_cli_dry_run_with_mixed_search(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def _env():
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
-
-
-def test_one_training_step_with_mixed_search_logs_mixed_metrics(tmp_path, tiny_model_dir, capitals):
+def test_one_training_step_with_mixed_search_logs_mixed_metrics(
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, monkeypatch
+):
     import mlflow
 
     qa, corpus = capitals(4)
-    db = tmp_path / "mlflow.db"
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "train", "--config", str(ROOT / "configs" / "demo.yaml"),
+        "train", "--config", str(ROOT / "configs" / "demo.yaml"),
         f"run.output_dir={tmp_path / 'out'}", "run.name=mixed", f"policy.model={tiny_model_dir}",
         f"search.simulator.model={tiny_model_dir}", "search.engine=mixed", "search.mixed.real_share=0.5",
         f"search.bm25.corpus={corpus}", f"data.train={qa}", "trainer.max_steps=1",
         "trainer.per_device_train_batch_size=4", "trainer.num_generations=2", "rollout.max_new_tokens=8",
-        "rollout.max_turns=2", "search.simulator.max_new_tokens=16", f"tracking.tracking_uri=sqlite:///{db}",
+        "rollout.max_turns=2", "search.simulator.max_new_tokens=16", f"tracking.tracking_uri={mlflow_db}",
         "tracking.experiment=mixed", "warmstart.enabled=false", "trainer.save_final=false", "runtime.threads=1",
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**_env(), "ZEROSIM_HOME": str(tmp_path / "home")},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    monkeypatch.chdir(tmp_path)
+    zerosim_cli(*cmd, env={"ZEROSIM_HOME": str(tmp_path / "home"), "WORLD_SIZE": None})
+    mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["mixed"], output_format="list")
     metrics = run.data.metrics
     assert metrics["mixed/real_share"] == 0.5

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -303,8 +301,9 @@ def test_quality_score_by_hand():
 # -- end to end through the CLI -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def factoid_files(tmp_path):
+@pytest.fixture(scope="module")
+def factoid_files(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("factoid")
     countries = {"Peru": "Lima", "Chile": "Santiago", "Spain": "Madrid", "Japan": "Tokyo", "Kenya": "Nairobi", "Egypt": "Cairo"}  # fmt: skip
     qa = tmp_path / "qa.jsonl"
     qa.write_text(
@@ -333,28 +332,20 @@ def factoid_files(tmp_path):
     return qa, corpus
 
 
-def run_cli(*args, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, "-m", "zerosim.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-@pytest.mark.parametrize(("lora", "objective"), [(False, "sft"), (True, "sft"), (True, "dpo")])
-def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora, objective):
-    import mlflow
-
+@pytest.fixture(scope="module")
+def collected(factoid_files, zerosim_cli, tmp_path_factory):
+    """``zerosim simulator collect`` over BM25 on the six factoid questions: (SFT file, stdout)."""
     qa, corpus = factoid_files
-    db = f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"
-    data = tmp_path / "sft" / "sft.jsonl"
-    proc = run_cli("simulator", "collect", "--data", qa, "--search", "bm25", "--out", data,
-                   f"search.bm25.corpus={corpus}", "depth=4", "k=2", "words_per_doc=12")  # fmt: skip
+    data = tmp_path_factory.mktemp("collect") / "sft.jsonl"
+    proc = zerosim_cli("simulator", "collect", "--data", qa, "--search", "bm25", "--out", data,
+                       f"search.bm25.corpus={corpus}", "depth=4", "k=2", "words_per_doc=12")  # fmt: skip
+    return data, proc.stdout
+
+
+def test_cli_collect_writes_balanced_labelled_rows(collected):
+    data, stdout = collected
     report = json.loads(Path(str(data) + ".report.json").read_text())
-    assert json.loads(proc.stdout) == report
+    assert json.loads(stdout) == report
     assert report["questions"] == 6 and report["rows"]["useful"] == report["rows"]["noisy"] > 0
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     assert len(rows) == sum(report["rows"].values())
@@ -365,47 +356,57 @@ def test_cli_collect_train_eval(tmp_path, tiny_model_dir, factoid_files, lora, o
 
     assert load_dataset("json", data_files=str(data), split="train").num_rows == len(rows)
 
+
+@pytest.mark.parametrize(("lora", "objective"), [(False, "sft"), (True, "sft"), (True, "dpo")])
+def test_cli_train_then_eval(
+    tmp_path, tiny_model_dir, factoid_files, collected, mlflow_db, zerosim_cli, lora, objective
+):
+    """Each way to train writes a merged checkpoint and its MLflow run; the eval of a checkpoint (the same
+    command whatever trained it) runs once, on the full fine-tune."""
+    import mlflow
+
+    qa, _ = factoid_files
+    data, _ = collected
+    db = f"tracking.tracking_uri={mlflow_db}"
     mode = "--lora" if lora else "--full"
-    ckpt = run_cli("simulator", "train", "--data", data, "--model", tiny_model_dir, mode, "--max-steps", 2,
-                   "--output-dir", tmp_path / "sim", "batch_size=2", "max_length=256", f"objective={objective}",
-                   db).stdout.strip()  # fmt: skip
+    ckpt = zerosim_cli("simulator", "train", "--data", data, "--model", tiny_model_dir, mode, "--max-steps", 2,
+                       "--output-dir", tmp_path / "sim", "batch_size=2", "max_length=256",
+                       f"objective={objective}", db).stdout.strip()  # fmt: skip
     ckpt = Path(ckpt.splitlines()[-1])
     assert ckpt == tmp_path / "sim" / "simulator-sft" / "final"
     assert (ckpt / "model.safetensors").is_file() and not (ckpt / "adapter_config.json").exists()
 
-    out = run_cli("simulator", "eval", "--model", ckpt, "--data", qa, "--limit", 3, "k=2", "batch_size=2",
-                  "simulator.max_new_tokens=12", f"output_dir={tmp_path / 'q'}", "run_name=q", db).stdout  # fmt: skip
+    mlflow.set_tracking_uri(mlflow_db)
+    client = mlflow.MlflowClient()
+    (sft,) = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
+    assert sft.data.tags["zerosim.job"] == "simulator-sft"
+    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
+    assert sft.data.params["sft.lora"] == str(lora)
+    assert sft.data.tags["zerosim.objective"] == objective
+    assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]
+    if objective == "dpo":  # TRL's preference metrics reach MLflow
+        assert len(client.get_metric_history(sft.info.run_id, "rewards/margins")) == 2
+    assert {a.path for a in client.list_artifacts(sft.info.run_id, "plots")} == {"plots/sft.png"}
+    if lora:
+        return
+
+    out = zerosim_cli("simulator", "eval", "--model", ckpt, "--data", qa, "--limit", 3, "k=2", "batch_size=2",
+                      "simulator.max_new_tokens=12", f"output_dir={tmp_path / 'q'}", "run_name=q", db).stdout  # fmt: skip
     assert "| simulator | n |" in out
     table = json.loads((tmp_path / "q" / "q" / "table.json").read_text())
     assert table["results"] == 6 and 0.0 <= table["useful_answer_share"] <= 1.0
     samples = (tmp_path / "q" / "q" / "samples.jsonl").read_text().splitlines()
     assert [json.loads(s)["mode"] for s in samples] == ["useful"] * 2 + ["noisy"] * 2 + ["useful", "noisy"]
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
-    jobs = {r.data.tags["zerosim.job"]: r for r in runs}
-    assert set(jobs) == {"simulator-sft", "simulator-eval"}
-    sft = jobs["simulator-sft"]
-    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
-    assert sft.data.params["sft.lora"] == str(lora)
-    assert sft.data.tags["zerosim.objective"] == objective
-    client = mlflow.MlflowClient()
-    assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]
-    if objective == "dpo":  # TRL's preference metrics reach MLflow
-        assert len(client.get_metric_history(sft.info.run_id, "rewards/margins")) == 2
-    assert {a.path for a in client.list_artifacts(sft.info.run_id, "plots")} == {"plots/sft.png"}
-    ev = jobs["simulator-eval"]
+    (ev,) = [r for r in runs if r.data.tags["zerosim.job"] == "simulator-eval"]
     assert ev.data.metrics["results"] == 6.0
     assert {"table.json", "table.md", "samples.jsonl", "plots"} <= {
         a.path for a in client.list_artifacts(ev.info.run_id)
     }
 
 
-def test_cli_collect_refuses_a_simulator_as_retriever(tmp_path, factoid_files):
+def test_cli_collect_refuses_a_simulator_as_retriever(tmp_path, factoid_files, zerosim_cli):
     qa, _ = factoid_files
-    proc = subprocess.run(
-        [sys.executable, "-m", "zerosim.cli", "simulator", "collect", "--data", str(qa), "--search", "simulator", "--out", str(tmp_path / "x.jsonl")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "needs a real retriever" in proc.stderr
+    result = zerosim_cli("simulator", "collect", "--data", qa, "--search", "simulator", "--out", tmp_path / "x.jsonl", code=2)  # fmt: skip
+    assert "needs a real retriever" in result.stderr
     assert not (tmp_path / "x.jsonl").exists()

@@ -1,4 +1,5 @@
-"""End to end through the CLI: 2 GRPO steps on a tiny model, checked in the MLflow store."""
+"""End to end through the CLI (in process, see ``zerosim_cli``): 2 steps of each algorithm on a tiny model,
+checked in the MLflow store; a run killed with SIGKILL (a process of its own) resumes."""
 
 import json
 import subprocess
@@ -7,42 +8,25 @@ from pathlib import Path
 
 import pytest
 
-
-@pytest.fixture
-def qa_file(tmp_path):
-    rows = [
-        {"id": f"q{i}", "question": f"What is the capital of country {c}?", "golden_answers": [f"City{c}"]}
-        for i, c in enumerate("ABCDEFGH")
-    ]
-    path = tmp_path / "qa.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "contents": f"Country {c}\nThe capital of country {c} is City{c}."})
-            + "\n"
-            for i, c in enumerate("ABCDEFGH")
-        )
-    )
-    return path, corpus
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "configs" / "demo.yaml")
 
 
 @pytest.mark.parametrize("engine,warmstart", [("simulator", False), ("bm25", True)])
 def test_cli_train_two_steps_logs_metrics_and_checkpoint(
-    tmp_path, tiny_model_dir, qa_file, engine, warmstart
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, engine, warmstart
 ):
     import mlflow
 
-    qa, corpus = qa_file
-    db = tmp_path / "mlflow.db"
+    qa, corpus = capitals(8)
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        "train", "--config", DEMO,
         f"run.output_dir={tmp_path / 'out'}", "run.name=e2e",
         f"policy.model={tiny_model_dir}", f"search.simulator.model={tiny_model_dir}",
         f"search.engine={engine}", f"search.bm25.corpus={corpus}",
         f"data.train={qa}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
         "trainer.num_generations=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
-        "search.simulator.max_new_tokens=16", f"tracking.tracking_uri=sqlite:///{db}",
+        "search.simulator.max_new_tokens=16", f"tracking.tracking_uri={mlflow_db}",
         "tracking.experiment=e2e", f"warmstart.enabled={warmstart}", f"warmstart.data={qa}",
         f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=1", "warmstart.batch_size=2",
         "warmstart.num_examples=2",
@@ -51,10 +35,9 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
         f"validation.engine={'bm25' if engine == 'simulator' else 'train'}",
         "runtime.threads=1",  # the process computes with one thread (tag zerosim.threads)
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    zerosim_cli(*cmd)
 
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    mlflow.set_tracking_uri(mlflow_db)
     runs = mlflow.search_runs(experiment_names=["e2e"], output_format="list")
     (run,) = [r for r in runs if r.data.tags["zerosim.job"] == "train"]
     if warmstart:
@@ -99,24 +82,24 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce", "reinforce_pp", "ppo"])
-def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, algorithm):
+def test_cli_each_algorithm_runs_two_steps(
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, algorithm
+):
     import mlflow
 
-    qa, corpus = qa_file
-    db = tmp_path / "mlflow.db"
+    qa, corpus = capitals(8)
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        "train", "--config", DEMO,
         f"run.output_dir={tmp_path / 'out'}", "run.name=algo", f"policy.model={tiny_model_dir}",
         "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
         f"trainer.algorithm={algorithm}", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
         "trainer.num_generations=2", "trainer.learning_rate=1e-3", "rollout.max_new_tokens=8", "rollout.max_turns=2",
-        f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=algo", "warmstart.enabled=false",
+        f"tracking.tracking_uri={mlflow_db}", "tracking.experiment=algo", "warmstart.enabled=false",
         "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
         "reward.step_gain_weight=0.5", "reward.step_redundancy_weight=0.1",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    zerosim_cli(*cmd)
+    mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["algo"], output_format="list")
     assert run.info.status == "FINISHED" and run.data.params["trainer.algorithm"] == algorithm
     client = mlflow.MlflowClient()
@@ -137,26 +120,32 @@ def test_cli_each_algorithm_runs_two_steps(tmp_path, tiny_model_dir, qa_file, al
         assert (tmp_path / "out" / "algo" / "critic" / "config.json").is_file()
 
 
-def test_resume_after_sigkill_loses_no_completed_step(tmp_path, tiny_model_dir, qa_file):
+def test_resume_after_sigkill_loses_no_completed_step(
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli
+):
     import os
     import signal
     import time
 
     import mlflow
 
-    qa, corpus = qa_file
-    db = tmp_path / "mlflow.db"
+    qa, corpus = capitals(8)
     out = tmp_path / "out"
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "train", "--config", "configs/demo.yaml",
+        "train", "--config", DEMO,
         f"run.output_dir={out}", "run.name=res", f"policy.model={tiny_model_dir}",
         "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
         "trainer.algorithm=ppo", "trainer.max_steps=6", "trainer.save_steps=1", "trainer.save_total_limit=3", "trainer.collapse_patience=0",
         "trainer.per_device_train_batch_size=4", "trainer.num_generations=2", "rollout.max_new_tokens=8",
-        "rollout.max_turns=2", "curriculum.schedule=adaptive", f"tracking.tracking_uri=sqlite:///{db}",
+        "rollout.max_turns=2", "curriculum.schedule=adaptive", f"tracking.tracking_uri={mlflow_db}",
         "tracking.experiment=res", "warmstart.enabled=false",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerosim.cli", *cmd],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.time() + 600
     while not (out / "res" / "checkpoint-2" / "zerosim_state.pt").is_file():
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -170,9 +159,8 @@ def test_resume_after_sigkill_loses_no_completed_step(tmp_path, tiny_model_dir, 
     done = int(last_complete_checkpoint(out / "res").name.rpartition("-")[2])
     assert 2 <= done < 6
 
-    resumed = subprocess.run([*cmd, "resume=true"], capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    zerosim_cli(*cmd, "resume=true")
+    mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["res"], output_format="list")  # the same run, continued
     assert run.info.status == "FINISHED"
     assert run.data.tags["zerosim.resumed_from"].endswith(f"checkpoint-{done}")

@@ -1,8 +1,5 @@
 """Cold-start SFT data: the same token pieces as the rollout, observations masked out of the loss."""
 
-import subprocess
-import sys
-
 from zerosim.data.qa import QAExample
 from zerosim.protocol import parse_action
 from zerosim.rollout import ProtocolTokens, build_prompt
@@ -45,7 +42,7 @@ def test_examples_mask_prompt_and_observations(tokenizer):
         assert parse_action(trained_text)[0] == "answer" and "Lima" in trained_text
 
 
-def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir):
+def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
     import json
 
     import mlflow
@@ -64,18 +61,16 @@ def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir):
             for i in range(6)
         )
     )
-    db = tmp_path / "m.db"
     cmd = [
-        sys.executable, "-m", "zerosim.cli", "policy", "warmstart", f"policy.model={tiny_model_dir}",
+        "policy", "warmstart", f"policy.model={tiny_model_dir}",
         f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=2",
         "warmstart.batch_size=2", "warmstart.num_examples=4", f"run.output_dir={tmp_path / 'out'}", "run.name=ws",
-        f"tracking.tracking_uri=sqlite:///{db}",
+        f"tracking.tracking_uri={mlflow_db}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    zerosim_cli(*cmd)
     ckpt = tmp_path / "out" / "ws" / "warmstart" / "final"
     assert (ckpt / "model.safetensors").is_file() and (ckpt / "tokenizer_config.json").is_file()
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["zerosim"], output_format="list")
     assert run.data.tags["zerosim.job"] == "warmstart" and "train_loss" in run.data.metrics
     assert not (tmp_path / "out" / "ws" / "warmstart" / "trainer").exists()
