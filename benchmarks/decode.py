@@ -119,12 +119,11 @@ def main() -> None:
 
     import torch
 
-    from zerosim.config import RolloutConfig, SearchConfig
     from zerosim.data.embedded import load_questions
-    from zerosim.engines import build_search_engine
+    from zerosim.engines import SearchConfig, build_search_engine
     from zerosim.generation import HFGenerator
     from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
+    from zerosim.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, build_prompt
 
     questions = load_questions("factbook", "dev", limit=args.questions)
     tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)

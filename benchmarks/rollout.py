@@ -171,11 +171,10 @@ def main() -> None:
 
     import torch
 
-    from zerosim.config import RolloutConfig, SearchConfig
     from zerosim.data.embedded import load_questions
-    from zerosim.engines import build_search_engine
+    from zerosim.engines import SearchConfig, build_search_engine
     from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.rollout import SearchRollout, build_prompt
+    from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
 
     questions = load_questions("factbook", "dev", limit=args.questions)
     tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)
@@ -189,7 +188,6 @@ def main() -> None:
         config=config,
         k=args.k,
         examples={build_prompt(q.question): (q.question, q.golden_answers) for q in questions},
-        seed=args.seed,
     )
     prompts = [build_prompt(q.question) for q in questions]
     rollout.run(_with_decoder(rollout.generator_for(model), args.decoder), prompts[:2], step=0)  # warm-up

@@ -37,11 +37,11 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: i
     """One training run; returns seconds per step of each phase (mean over its steps) and token counts."""
     import mlflow
 
-    from zerosim.config import load_config
     from zerosim.train import train
+    from zerosim.train_config import load_train_config
 
     db = Path(tempfile.mkdtemp(prefix="bench-step-")) / "mlflow.db"
-    cfg = load_config(
+    cfg = load_train_config(
         config,
         [
             f"trainer.max_steps={steps}",

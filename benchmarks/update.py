@@ -96,12 +96,12 @@ def generation_batch(rows: int, group: int, vocab: int, pad_id: int, seed: int) 
 def build_trainer(out: Path):
     from datasets import Dataset
 
-    from zerosim.config import load_config
     from zerosim.models import load_causal_lm, load_tokenizer
     from zerosim.train import grpo_args
+    from zerosim.train_config import load_train_config
     from zerosim.trainer import SearchTrainer
 
-    cfg = load_config("configs/demo-learning.yaml", [f"run.output_dir={out}"])
+    cfg = load_train_config("configs/demo-learning.yaml", [f"run.output_dir={out}"])
     tokenizer = load_tokenizer(cfg.policy.model)
     args = grpo_args(cfg, out)
     trainer = SearchTrainer(

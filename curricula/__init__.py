@@ -5,7 +5,6 @@ engine answers."""
 from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
 from curricula.noise import CurriculumNoise, draw_noise, search_source, trajectory_noise
 from curricula.schedules import (
-    SCHEDULES,
     AdaptiveSchedule,
     ConstantSchedule,
     CosineSchedule,
@@ -17,7 +16,6 @@ from curricula.schedules import (
 )
 
 __all__ = [
-    "SCHEDULES",
     "CurriculumNoise",
     "MixedSearchEngine",
     "find_mixed",

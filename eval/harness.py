@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from zerosim.config import EvalConfig, SearchConfig
+from eval.config import HarnessConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import HFGenerator
 from zerosim.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
@@ -114,8 +114,9 @@ class WithheldAnswers:
         return self.engine.search([dataclasses.replace(r, question=None, answers=()) for r in requests], k)
 
 
-def answers_override(search: SearchConfig, engine: str | None = None) -> bool:
-    """Whether the search engine outside training (evaluation, validation) may see the gold answers.
+def answers_override(search: Any, engine: str | None = None) -> bool:
+    """Whether the search engine outside training (evaluation, validation) may see the gold answers;
+    ``search`` is the ``search.*`` settings (the app's ``zerosim.engines.SearchConfig``).
 
     Only an explicit ``search.simulator.pass_answers: true`` with a simulator engine (``engine``, default
     ``search.engine``) allows it; the default (``null``) keeps the answers to training. The override is
@@ -172,11 +173,12 @@ def agent_rows(batch: Sequence[QAExample], trajectories: Sequence[Any], tokenize
 
 
 class Evaluator:
-    """Runs one method with one policy (and engine) over batches of questions."""
+    """Runs one method with one policy (and engine) over batches of questions; ``cfg`` is the eval command's
+    config: the harness fields and ``search`` (``zerosim.job_config.EvalConfig``)."""
 
-    def __init__(self, cfg: EvalConfig, model, tokenizer, engine: SearchEngine | None):
+    def __init__(self, cfg: HarnessConfig, model, tokenizer, engine: SearchEngine | None):
         if cfg.method != "direct" and engine is None:
-            raise ValueError(f"method {cfg.method!r} needs a search engine")
+            raise ValueError(f"method '{cfg.method}' needs a search engine")
         if cfg.batch_size < 1:
             raise ValueError(
                 f"batch_size must be >= 1 (questions per generation batch), got {cfg.batch_size}"

@@ -11,7 +11,9 @@ An index directory is self-contained::
 ``manifest.json`` holds ``format``, ``kind``, ``zerosim_version``, ``corpus`` (``sha256`` and ``passages``
 of the passages as written to docs.jsonl, and ``source``, the corpus path it was built from), either
 ``bm25`` (stopwords, stemmer) or ``dense`` (encoder, dimension, prefixes, faiss type and options), and
-``checksum``, the sha256 of every other field (format 2).
+``checksum``, the sha256 of every other field (format 2). An index made by ``zerosim index import``
+(eval.index_import) also records ``imported`` (the faiss file and corpus it wraps, linked rather than copied)
+and ``corpus.file_sha256``, the sha256 of docs.jsonl's bytes when they are the user's corpus file as is.
 
 Loading verifies the index before it answers a query: docs.jsonl must hold the manifest's passages
 (count and sha256; hashed once per file version and process), the manifest must match its checksum, and the
@@ -316,6 +318,7 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
     docs = index_dir / DOCS
     if not docs.is_file():
         raise damaged_index_error(index_dir, manifest, f"{DOCS} is missing")
+    _check_imported_files(index_dir, manifest)
     sha, lines = docs_digest(docs)
     if lines != recorded.get("passages"):
         raise damaged_index_error(
@@ -324,12 +327,13 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
             f"{DOCS} holds {lines} passages, the manifest records {recorded.get('passages')} "
             "(truncated or extended after the build)",
         )
-    if sha != recorded.get("sha256"):
+    expected_sha = recorded.get("file_sha256", recorded.get("sha256"))  # an imported corpus: its own bytes
+    if sha != expected_sha:
         raise damaged_index_error(
             index_dir,
             manifest,
             f"{DOCS} was edited after the build: its sha256 is {sha[:12]}, the manifest records "
-            f"{str(recorded.get('sha256'))[:12]}",
+            f"{str(expected_sha)[:12]}",
         )
     if manifest["format"] >= 2:
         checksum = manifest.get("checksum")
@@ -357,6 +361,29 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
                 f"({lines} passages x {manifest['dense'].get('dimension')} float32)",
             )
     return manifest
+
+
+def _check_imported_files(index_dir: Path, manifest: dict) -> None:
+    """An imported index's linked files must still be there (a symlink's target may have gone) and
+    faiss.index must have the size recorded at import (a replaced file; hashing many GB is left out)."""
+    imported = manifest.get("imported")
+    if not isinstance(imported, dict):
+        return
+    for name, source in ((DOCS, imported.get("corpus")), ("faiss.index", imported.get("faiss"))):
+        path = index_dir / name
+        if path.is_symlink() and not path.exists():
+            raise damaged_index_error(
+                index_dir, manifest, f"{name} links to {source}, which no longer exists (moved or deleted)"
+            )
+    faiss_file = index_dir / "faiss.index"
+    size = imported.get("faiss_bytes")
+    if faiss_file.exists() and size is not None and faiss_file.stat().st_size != size:
+        raise damaged_index_error(
+            index_dir,
+            manifest,
+            f"faiss.index holds {faiss_file.stat().st_size} bytes, the import recorded {size} "
+            f"({imported.get('faiss')} was replaced after the import)",
+        )
 
 
 def load_index(
@@ -406,8 +433,9 @@ def load_index(
             )
             if dim != built["dimension"]:
                 what += f"; embedding dimension differs: expected {built['dimension']}, found {dim}"
+            what += f". To search this index, ask for its encoder (search.dense.encoder={built['encoder']})"
             raise _mismatch(index_dir, manifest, what, corpus)
-        dim = embedding_dimension(load_encoder(built["encoder"], device))
+        dim = embedding_dimension(load_encoder(built["encoder"], device, built.get("pooling")))
         if dim != built["dimension"]:
             what = (
                 f"embedding dimension differs: index holds {built['dimension']}-d embeddings, "

@@ -40,9 +40,44 @@ def recorded_source(manifest: dict, corpus: str | Path | None) -> str:
     return str(corpus or recorded.get("source") or "CORPUS.jsonl")
 
 
+def import_command(
+    faiss_file: str | Path,
+    corpus: str | Path,
+    encoder: str,
+    out: str | Path,
+    *,
+    pooling: str | None = None,
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
+) -> str:
+    """The ``zerosim index import`` command line that wraps ``faiss_file`` and ``corpus`` into ``out``."""
+    args = ["zerosim", "index", "import", "--faiss", str(faiss_file), "--corpus", str(corpus)]
+    args += ["--encoder", encoder]
+    for flag, value in (
+        ("--pooling", pooling),
+        ("--query-prefix", query_prefix),
+        ("--passage-prefix", passage_prefix),
+    ):
+        if value is not None:
+            args += [flag, value]
+    return shlex.join([*args, "--out", str(out)])
+
+
 def rebuild_index_command(index_dir: Path, manifest: dict, corpus: str | Path | None) -> str:
-    """:func:`rebuild_command` for the index at ``index_dir`` as its manifest describes it."""
+    """:func:`rebuild_command` for the index at ``index_dir`` as its manifest describes it (the
+    :func:`import_command` for an imported one)."""
     dense = manifest.get("dense") if isinstance(manifest.get("dense"), dict) else {}
+    imported = manifest.get("imported")
+    if isinstance(imported, dict) and imported.get("faiss"):
+        return import_command(
+            imported["faiss"],
+            corpus or imported.get("corpus") or "CORPUS.jsonl",
+            dense.get("encoder") or "ENCODER",
+            index_dir,
+            pooling=dense.get("pooling"),
+            query_prefix=dense.get("query_prefix"),
+            passage_prefix=dense.get("passage_prefix"),
+        )
     return rebuild_command(
         recorded_source(manifest, corpus),
         manifest["kind"],

@@ -8,10 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.config import HarnessConfig
 from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
-from zerosim.config import ConfigError, EvalConfig
+from zerosim.config import ConfigError
 from zerosim.data.embedded import load_questions
 from zerosim.data.jsonl import write_jsonl
+from zerosim.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
 from zerosim.fsutil import atomic_write_text
 from zerosim.search import SearchEngine
 from zerosim.tracking import log_config, log_jsonl, mlflow_run
@@ -48,24 +50,50 @@ def parse_dataset(spec: str, default_split: str) -> tuple[str, str, str]:
 
     A file is named by its stem (``data/nq.jsonl`` → ``nq``), or by its folder when the stem is a split name
     (``nq/test.jsonl`` → ``nq``, ``nq/dev.jsonl`` → ``nq:dev``); :func:`dataset_names` makes names distinct.
+    A FlashRAG folder's or a hub dataset's ``SOURCE:NAME:SPLIT`` is named ``NAME`` (``DIR:nq:test`` → ``nq``,
+    ``...:nq:dev`` → ``nq:dev``) and passed on whole (``load_qa`` reads it). An existing path is a file.
     """
+    if named := named_qa_spec(spec):
+        _, name, split = named
+        return (name if split == default_split else f"{name}:{split}"), spec, split
     source, sep, split = spec.rpartition(":")
-    if not sep or "/" in split or split.endswith(FILE_SUFFIXES):
+    if source and (Path(source).expanduser() / split).is_dir() and not Path(spec).expanduser().exists():
+        return split, spec, default_split  # DIR:NAME, a FlashRAG folder's data set at the default split
+    if not sep or "/" in split or split.endswith(FILE_SUFFIXES) or Path(spec).expanduser().exists():
         source, split = spec, default_split
     if source.endswith(FILE_SUFFIXES):
         return _file_name(Path(source), default_split), source, split
     return (f"{source}:{split}" if split != default_split else source), source, split
 
 
+def _dataset_key(source: str, split: str) -> tuple[str, str]:
+    """What makes two specs the same dataset: the file read (``DIR:nq:test`` is ``DIR/nq/test.jsonl``)."""
+    try:
+        path = parse_qa_spec(source, split).path  # None: a hub dataset
+    except ValueError:  # DataError: a missing folder or split, reported when the dataset is read
+        path = Path(source) if source.endswith(FILE_SUFFIXES) else None
+    return (str(path.resolve()), "") if path is not None else (source, split)
+
+
+def _named_longer(source: str, depth: int, default_split: str) -> str:
+    """A ``SOURCE:NAME:SPLIT`` dataset's name with ``depth - 1`` trailing parts of SOURCE before it."""
+    head, name, split = named_qa_spec(source)
+    local = Path(head).expanduser()
+    parts = [p for p in (local.resolve().parts if local.is_dir() else head.split("/")) if p not in ("/", "")]
+    base = "/".join([*parts[max(0, len(parts) - (depth - 1)) :], name])
+    return base if split == default_split else f"{base}:{split}"
+
+
 def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, str]]:
     """``(name, source, split)`` per spec, the names distinct: each names a table row and the MLflow metrics
     ``<name>/<metric>``. Files whose names collide are told apart by their parent folders (``a/nq``,
-    ``b/nq``); a dataset listed twice, or one that cannot be told apart, is a :class:`ConfigError`."""
+    ``b/nq``), ``SOURCE:NAME:SPLIT`` datasets by SOURCE's; a dataset listed twice, or one that cannot be told
+    apart, is a :class:`ConfigError`. ``SOURCE:NAME+NAME:SPLIT`` stands for one dataset per name."""
+    specs = expand_qa_specs(list(specs))
     parsed = [parse_dataset(spec, default_split) for spec in specs]
     keys: dict[tuple[str, str], str] = {}
     for spec, (_, source, split) in zip(specs, parsed, strict=True):
-        is_file = source.endswith(FILE_SUFFIXES)
-        key = (str(Path(source).resolve()) if is_file else source, "" if is_file else split)
+        key = _dataset_key(source, split)
         if key in keys:
             raise ConfigError(
                 f"datasets lists the same dataset twice ({keys[key]!r} and {spec!r}); list it once"
@@ -79,9 +107,12 @@ def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, 
             break
         deeper = False
         for i, (_, source, _) in enumerate(parsed):
-            if names[i] in clash and source.endswith(FILE_SUFFIXES):
+            if names[i] in clash and (source.endswith(FILE_SUFFIXES) or named_qa_spec(source)):
                 depth[i] += 1
-                longer = _file_name(Path(source), default_split, depth[i])
+                if named_qa_spec(source):
+                    longer = _named_longer(source, depth[i], default_split)
+                else:
+                    longer = _file_name(Path(source), default_split, depth[i])
                 deeper |= longer != names[i]
                 names[i] = longer
         if not deeper:
@@ -94,7 +125,7 @@ def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, 
     return [(name, source, split) for name, (_, source, split) in zip(names, parsed, strict=True)]
 
 
-def load_datasets(cfg: EvalConfig) -> list[tuple[str, list]]:
+def load_datasets(cfg: HarnessConfig) -> list[tuple[str, list]]:
     """``(name, rows)`` per dataset of ``cfg``, every one non-empty; raises before any model is loaded."""
     if cfg.limit is not None and cfg.limit < 1:
         raise ConfigError(
@@ -132,9 +163,10 @@ def _training_run_of(policy_path: str) -> str | None:
 
 
 def run_eval(
-    cfg: EvalConfig, *, build_engine: Callable[..., SearchEngine] | None = None, progress: bool = True
+    cfg: HarnessConfig, *, build_engine: Callable[..., SearchEngine] | None = None, progress: bool = True
 ) -> EvalResult:
-    """Evaluate ``cfg.policy``; the search engine (every method but ``direct``) comes from
+    """Evaluate ``cfg.policy`` (``cfg``: the harness fields and ``search``, ``zerosim.job_config.EvalConfig``);
+    the search engine (every method but ``direct``) comes from
     ``build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)`` — the app's factory,
     :func:`zerosim.engines.build_search_engine` — called once the datasets and the policy have loaded."""
     import mlflow

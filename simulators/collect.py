@@ -27,8 +27,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from simulators.config import CollectConfig, JudgeConfig
 from simulators.prompts import SimulatorPrompts
-from zerosim.config import JudgeConfig, SimulatorCollectConfig
 from zerosim.data.jsonl import write_jsonl
 from zerosim.data.qa import QAExample
 from zerosim.fsutil import atomic_write_text
@@ -225,7 +225,7 @@ def question_queries(
 
 
 def policy_queries(
-    cfg: SimulatorCollectConfig,
+    cfg: CollectConfig,
     questions: Sequence[QAExample],
     retriever: SearchEngine,
     *,
@@ -351,7 +351,7 @@ def balance_rows(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
 
 
 def run_collect(
-    cfg: SimulatorCollectConfig,
+    cfg: CollectConfig,
     *,
     retriever: SearchEngine | None = None,
     build_engine: Callable[..., SearchEngine] | None = None,

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
+from simulators.cache import CachedSearchEngine
+from simulators.config import OnLeak, OnShort, SimulatorConfig
 from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts, load_prompts
 from zerosim.metrics import answer_in_text
@@ -51,8 +53,6 @@ from zerosim.search import Document, SearchError, SearchRequest
 EMPTY_RESULT_TEXT = "The search engine returned no readable result for this query."
 MISSING_DOC_TEXT = "The search engine could not produce this result."
 FAILURE_TEXTS = frozenset({EMPTY_RESULT_TEXT, MISSING_DOC_TEXT})
-ON_SHORT = ("reask", "fill")
-ON_LEAK = ("reask", "relabel", "keep")
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ class LLMSimulator:
         on_short: str = "reask",
         on_leak: str = "reask",
     ):
-        if on_short not in ON_SHORT:
-            raise ValueError(f"on_short={on_short!r} is not one of {', '.join(ON_SHORT)}")
-        if on_leak not in ON_LEAK:
-            raise ValueError(f"on_leak={on_leak!r} is not one of {', '.join(ON_LEAK)}")
+        if on_short not in tuple(OnShort):
+            raise ValueError(f"on_short={on_short!r} is not one of {', '.join(OnShort)}")
+        if on_leak not in tuple(OnLeak):
+            raise ValueError(f"on_leak={on_leak!r} is not one of {', '.join(OnLeak)}")
         if not callable(getattr(backend, "complete", None)):
             raise TypeError(
                 f"backend {type(backend).__name__} has no complete(prompts, ...) method (see TextBackend); "
@@ -330,3 +330,39 @@ def document_id(query: str, slot: int | str, text: str) -> str:
     before as a repeat)."""
     digest = hashlib.sha256(f"{query}\x1f{slot}\x1f{text}".encode()).hexdigest()[:12]
     return f"sim-{digest}-{slot}"
+
+
+def build_simulator(
+    cfg: SimulatorConfig, *, seed: int = 0, dtype: str = "auto"
+) -> LLMSimulator | CachedSearchEngine:
+    """The simulator ``search.simulator`` describes (its backend; behind a cache with ``cache=true``)."""
+    options = dict(
+        words_per_doc=cfg.words_per_doc,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        pass_answers=cfg.pass_answers,
+        prompts=cfg.prompts_file,
+        on_short=cfg.on_short,
+        on_leak=cfg.on_leak,
+        seed=seed,
+    )
+    if cfg.backend == "openai":
+        engine = LLMSimulator.from_openai(
+            cfg.url,
+            cfg.served_model or cfg.model,
+            tokenizer=cfg.model if cfg.chat_template else None,
+            connect_timeout=cfg.connect_timeout,
+            read_timeout=cfg.read_timeout,
+            retries=cfg.retries,
+            backoff=cfg.backoff,
+            max_concurrency=cfg.max_concurrency,
+            **options,
+        )
+    else:
+        engine = LLMSimulator.from_pretrained(
+            cfg.model, dtype=dtype, batch_invariant=cfg.batch_invariant, **options
+        )
+    if cfg.cache:
+        return CachedSearchEngine(engine, max_entries=cfg.cache_size, sqlite_path=cfg.cache_path)
+    return engine

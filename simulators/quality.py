@@ -23,15 +23,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from simulators.llm import FAILURE_TEXTS
-from zerosim.config import SearchConfig, SimulatorEvalConfig
+from simulators.config import SimulatorEvalConfig
+from simulators.llm import FAILURE_TEXTS, build_simulator
 from zerosim.data.jsonl import write_jsonl
 from zerosim.data.qa import QAExample
 from zerosim.metrics import answer_in_text, normalize_answer
@@ -180,13 +180,12 @@ def run_quality(
     cfg: SimulatorEvalConfig,
     *,
     engine: SearchEngine | None = None,
-    build_engine: Callable[..., SearchEngine] | None = None,
     progress: bool = True,
 ) -> QualityResult:
     """Evaluate the configured simulator; writes table.json/table.md/samples.jsonl and an MLflow run.
 
-    The simulator is ``engine``, or ``build_engine(SearchConfig(engine="simulator", ...), seed=cfg.seed)``
-    (the app's factory, :func:`zerosim.engines.build_search_engine`) once the questions are read.
+    The simulator is ``engine``, or the one ``cfg.simulator`` describes (without its cache: the report
+    measures the model), built once the questions are read.
     """
     import matplotlib.pyplot as plt
     import mlflow
@@ -200,11 +199,7 @@ def run_quality(
         raise ValueError(f"{cfg.data} ({cfg.split}) holds no questions to evaluate the simulator on")
     sim_cfg = dataclasses.replace(cfg.simulator, cache=False)  # measure the model, not a cache
     if engine is None:
-        if build_engine is None:
-            raise TypeError(
-                "run_quality needs engine= or build_engine= (zerosim.engines.build_search_engine)"
-            )
-        engine = build_engine(SearchConfig(engine="simulator", k=cfg.k, simulator=sim_cfg), seed=cfg.seed)
+        engine = build_simulator(sim_cfg, seed=cfg.seed)
     model = cfg.simulator.served_model or cfg.simulator.model
     path = Path(model)
     run_name = cfg.run_name or f"quality-{path.parent.name if path.name == 'final' else path.name or model}"

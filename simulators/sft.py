@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zerosim.config import SimulatorTrainConfig
+from simulators.config import SimulatorTrainConfig
 from zerosim.data.jsonl import DataError, at_line, iter_jsonl
 from zerosim.fsutil import atomic_directory
 

@@ -34,8 +34,8 @@ def test_uniform_groups():
 
 def test_grpo_args_spell_out_each_algorithm(tmp_path):
     """What `zerosim train` hands TRL: Dr. GRPO unscaled, DAPO clip-higher, an explicit epsilon_high kept."""
-    from zerosim.config import TrainConfig
     from zerosim.train import grpo_args
+    from zerosim.train_config import TrainConfig
 
     def args(algorithm, **trainer):
         cfg = TrainConfig()
@@ -55,14 +55,15 @@ def test_grpo_args_spell_out_each_algorithm(tmp_path):
 
 
 def test_dynamic_sampling_is_checked_before_anything_loads():
-    from zerosim.config import ConfigError, load_config
+    from zerosim.config import ConfigError
+    from zerosim.train_config import load_train_config
 
-    assert load_config(None, ["trainer.algorithm=dapo"]).trainer.dynamic_sampling is None  # on for dapo
-    load_config(None, ["trainer.algorithm=rloo", "trainer.dynamic_sampling=true"])
+    assert load_train_config(None, ["trainer.algorithm=dapo"]).trainer.dynamic_sampling is None  # on for dapo
+    load_train_config(None, ["trainer.algorithm=rloo", "trainer.dynamic_sampling=true"])
     with pytest.raises(ConfigError, match="trainer.dynamic_sampling=false or trainer.algorithm=dapo"):
-        load_config(None, ["trainer.algorithm=grpo", "trainer.dynamic_sampling=true"])
+        load_train_config(None, ["trainer.algorithm=grpo", "trainer.dynamic_sampling=true"])
     with pytest.raises(ConfigError, match="epsilon_high"):
-        load_config(None, ["trainer.epsilon_high=0"])
+        load_train_config(None, ["trainer.epsilon_high=0"])
 
 
 def test_rloo_leave_one_out():

@@ -1,12 +1,13 @@
 import pytest
 
-from zerosim.config import ConfigError, TrainConfig, flatten, load_config
+from zerosim.config import ConfigError, flatten
+from zerosim.train_config import TrainConfig, load_train_config
 
 
 def test_defaults_and_overrides(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer:\n  max_steps: 7\nsearch:\n  engine: bm25\n")
-    cfg = load_config(recipe, ["trainer.learning_rate=0.001", "rollout.max_turns=2"])
+    cfg = load_train_config(recipe, ["trainer.learning_rate=0.001", "rollout.max_turns=2"])
     assert isinstance(cfg, TrainConfig)
     assert cfg.trainer.max_steps == 7 and cfg.trainer.learning_rate == 0.001
     assert cfg.search.engine == "bm25" and cfg.rollout.max_turns == 2
@@ -14,13 +15,13 @@ def test_defaults_and_overrides(tmp_path):
 
 
 def test_demo_recipe_loads():
-    cfg = load_config("configs/demo.yaml")
+    cfg = load_train_config("configs/demo.yaml")
     assert cfg.policy.model == "smollm2" and cfg.search.engine == "simulator"
 
 
 def test_unknown_key_names_key_and_valid_ones():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["trainer.learning_rat=0.1"])
+        load_train_config(None, ["trainer.learning_rat=0.1"])
     msg = str(err.value)
     assert "trainer.learning_rat" in msg and "learning_rate" in msg and "max_steps" in msg
 
@@ -29,25 +30,25 @@ def test_unknown_key_in_file_names_file(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("serch:\n  k: 3\n")
     with pytest.raises(ConfigError, match=r"bad.yaml.*unknown config key 'serch'.*search"):
-        load_config(recipe)
+        load_train_config(recipe)
 
 
 def test_wrong_type_names_key():
     with pytest.raises(ConfigError, match=r"wrong type for config key 'trainer.max_steps'"):
-        load_config(None, ["trainer.max_steps=many"])
+        load_train_config(None, ["trainer.max_steps=many"])
 
 
 def test_bad_choice_and_ranges():
     with pytest.raises(ConfigError, match=r"search.engine.*valid values: simulator, bm25"):
-        load_config(None, ["search.engine=google"])
+        load_train_config(None, ["search.engine=google"])
     with pytest.raises(ConfigError, match="num_generations must be >= 2"):
-        load_config(None, ["trainer.num_generations=1"])
+        load_train_config(None, ["trainer.num_generations=1"])
     with pytest.raises(ConfigError, match="multiple of"):
-        load_config(None, ["trainer.per_device_train_batch_size=6", "trainer.num_generations=4"])
+        load_train_config(None, ["trainer.per_device_train_batch_size=6", "trainer.num_generations=4"])
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config("nope.yaml")
+        load_train_config("nope.yaml")
     with pytest.raises(ConfigError, match="key=value"):
-        load_config(None, ["trainer.max_steps"])
+        load_train_config(None, ["trainer.max_steps"])
 
 
 def test_every_recipe_in_configs_loads():
@@ -56,4 +57,4 @@ def test_every_recipe_in_configs_loads():
     recipes = sorted(Path("configs").glob("*.yaml"))
     assert len(recipes) >= 3
     for recipe in recipes:
-        load_config(recipe)
+        load_train_config(recipe)

@@ -3,7 +3,6 @@ import math
 import pytest
 
 from curricula import (
-    SCHEDULES,
     AdaptiveSchedule,
     ConstantSchedule,
     CosineSchedule,
@@ -13,6 +12,7 @@ from curricula import (
     build_schedule,
     draw_noise,
 )
+from curricula.config import ScheduleName
 
 
 def test_zerosearch_schedule_values():
@@ -70,7 +70,7 @@ def test_linear_cosine_step_values_by_hand():
     assert StepSchedule(p_start=0.0, p_end=0.3, total_steps=5, stages=1).probability(0) == 0.3
 
 
-@pytest.mark.parametrize("name", [n for n in SCHEDULES if n != "adaptive"])
+@pytest.mark.parametrize("name", [n.value for n in ScheduleName if n != "adaptive"])
 @pytest.mark.parametrize("p_start,p_end", [(0.0, 0.5), (0.2, 0.9), (0.6, 0.1)])
 def test_every_schedule_is_monotone_and_within_bounds(name, p_start, p_end):
     s = build_schedule(name, p_start=p_start, p_end=p_end, base=4, total_steps=20, stages=3)

@@ -7,10 +7,9 @@ import threading
 import pytest
 
 from curricula import ConstantSchedule, CurriculumNoise, trajectory_noise
-from zerosim.config import RolloutConfig
 from zerosim.distributed import SingleProcess, TurnState
 from zerosim.generation import Generation
-from zerosim.rollout import SearchRollout, build_prompt
+from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
 from zerosim.search import Document
 
 

@@ -14,8 +14,8 @@ from eval.harness import (
     markdown_table,
     table,
 )
-from zerosim.config import EvalConfig
 from zerosim.data.qa import QAExample
+from zerosim.job_config import EvalConfig
 from zerosim.search import Document
 
 

@@ -169,8 +169,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
 def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
     """`train_launcher` (e.g. `accelerate launch ...`) gets `-m zerosim.cli train --config <stage>/train.yaml`,
     and the stage's outputs are read from what that job wrote."""
-    from zerosim.config import TrainConfig, load_config
+    from zerosim.config import load_config
     from zerosim.experiment import ExperimentConfig, Stage, _run_stage
+    from zerosim.train_config import TrainConfig
 
     fake = tmp_path / "launcher.py"
     fake.write_text(

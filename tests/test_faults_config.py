@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.config import ConfigError, EvalConfig, TrainConfig, load_config
+from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
+from zerosim.config import ConfigError, load_config, parse_range
+from zerosim.job_config import EvalConfig, SimulatorCollectConfig
+from zerosim.train_config import TrainConfig, load_train_config
+
+# the schemas a command loads (`zerosim train` / `policy warmstart`, `eval`, `simulator collect|train|eval`)
+SCHEMAS = (TrainConfig, EvalConfig, SimulatorCollectConfig, SimulatorTrainConfig, SimulatorEvalConfig)
 
 # -- every numeric field has a range --------------------------------------------------------------------------
 
@@ -41,27 +47,41 @@ def _numeric_fields(node, prefix=""):
             yield type(node), f.name, key, hints[f.name]
 
 
-def test_every_numeric_field_of_every_schema_has_a_range():
-    from zerosim.config import RANGES, SCHEMAS, parse_range
+def _range(cls, name: str) -> str | None:
+    """The range a schema gives its field (``zerosim.config.ranged``), or None."""
+    return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("range")
 
+
+def _schema_classes(node):
+    yield type(node)
+    for f in dataclasses.fields(node):
+        if dataclasses.is_dataclass(getattr(node, f.name)):
+            yield from _schema_classes(getattr(node, f.name))
+
+
+def test_every_numeric_field_of_every_schema_has_a_range():
     missing = sorted(
-        {f"{cls.__name__}.{name}" for schema in SCHEMAS for cls, name, _, _ in _numeric_fields(schema())}
-        - {f"{cls.__name__}.{name}" for cls, fields in RANGES.items() for name in fields}
+        {
+            f"{cls.__module__}.{cls.__name__}.{name}"
+            for schema in SCHEMAS
+            for cls, name, _, _ in _numeric_fields(schema())
+            if _range(cls, name) is None
+        }
     )
-    assert not missing, f"add these numeric fields to zerosim.config.RANGES: {missing}"
-    for cls, fields in RANGES.items():  # no stale entries, every range parses
-        names = {f.name for f in dataclasses.fields(cls)}
-        for name, spec in fields.items():
-            assert name in names, f"RANGES names {cls.__name__}.{name}, which does not exist"
-            parse_range(spec[0] if isinstance(spec, tuple) else spec)
+    assert not missing, f"give these numeric fields a range (zerosim.config.ranged): {missing}"
+    for schema in SCHEMAS:  # a range only on numbers, and every range parses
+        for cls in set(_schema_classes(schema())):
+            hints = typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                if "range" in f.metadata:
+                    assert _numeric(hints[f.name]), f"{cls.__name__}.{f.name} has a range but is not a number"
+                    parse_range(f.metadata["range"])
     for schema in SCHEMAS:  # the defaults are valid
         load_config(None, schema=schema)
 
 
-def _bad_values(spec, integer: bool):
-    from zerosim.config import parse_range
-
-    valid = parse_range(spec[0] if isinstance(spec, tuple) else spec)
+def _bad_values(spec: str, integer: bool):
+    valid = parse_range(spec)
     out = []
     if math.isfinite(valid.lo):
         out.append(valid.lo if valid.lo_open else valid.lo - 1)
@@ -73,10 +93,7 @@ def _bad_values(spec, integer: bool):
 
 def _range_cases():
     """One case per numeric field of each schema (the dict-valued reward.weights is tested below)."""
-    from zerosim.config import SimulatorCollectConfig, SimulatorEvalConfig, SimulatorTrainConfig
-
-    schemas = (TrainConfig, EvalConfig, SimulatorCollectConfig, SimulatorTrainConfig, SimulatorEvalConfig)
-    for schema in schemas:
+    for schema in SCHEMAS:
         for cls, name, key, hint in _numeric_fields(schema()):
             if "dict" not in str(hint):
                 integer = float not in (hint, *typing.get_args(hint))
@@ -85,9 +102,7 @@ def _range_cases():
 
 @pytest.mark.parametrize("schema, cls, name, key, integer", list(_range_cases()))
 def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, name, key, integer):
-    from zerosim.config import RANGES
-
-    for bad in _bad_values(RANGES[cls][name], integer):
+    for bad in _bad_values(_range(cls, name), integer):
         with pytest.raises(ConfigError) as err:
             load_config(None, [f"{key}={bad}"], schema=schema)
         message = str(err.value)
@@ -100,18 +115,18 @@ def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, 
 
 def test_reward_weights_are_checked_per_metric():
     with pytest.raises(ConfigError, match=r"reward\.weights\.f1 must be >= 0, got -0\.5"):
-        load_config(None, ["reward.weights={em: 1.0, f1: -0.5}"])
+        load_train_config(None, ["reward.weights={em: 1.0, f1: -0.5}"])
     with pytest.raises(ConfigError, match=r"reward\.weights\.em must be a finite number"):
-        load_config(None, ["reward.weights={em: .nan}"])
+        load_train_config(None, ["reward.weights={em: .nan}"])
     with pytest.raises(ConfigError, match="all 0"):
-        load_config(None, ["reward.weights={em: 0.0}"])
+        load_train_config(None, ["reward.weights={em: 0.0}"])
 
 
 def test_a_bad_value_in_a_recipe_names_the_recipe(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer:\n  max_steps: 0\n")
     with pytest.raises(ConfigError, match=r"trainer\.max_steps must be >= 1, got 0: .*set in .*r\.yaml"):
-        load_config(recipe)
+        load_train_config(recipe)
 
 
 # -- the CLI: bad input -> exit 2, one line, no traceback, no weights --------------------------------------------
@@ -283,7 +298,7 @@ def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
     from zerosim.plan import plan
 
-    rows = dict(plan(load_config(None, [
+    rows = dict(plan(load_train_config(None, [
         f"data.train={files['good.jsonl']}", "data.max_examples=2", "validation.every=2",
         f"validation.data={files['bom.jsonl']}", "warmstart.enabled=true", f"warmstart.data={files['good.jsonl']}",
     ])))  # fmt: skip
@@ -397,7 +412,7 @@ def test_eval_config_message_names_the_flag_override():
     with pytest.raises(ConfigError, match=r"limit must be >= 1 \(null = every row\), got 0"):
         load_config(None, ["limit=0"], schema=EvalConfig)
     assert load_config(None, ["limit=null"], schema=EvalConfig).limit is None
-    assert isinstance(load_config(None, []), TrainConfig)
+    assert isinstance(load_train_config(None, []), TrainConfig)
 
 
 REAL_TRAIN = [
@@ -431,8 +446,8 @@ def test_noise_check_without_an_engine_leaves_http_to_the_server():
     only /health can tell, at start-up. A local retriever with negatives=none can never fill them."""
     from zerosim.engines import check_noise_config
 
-    http = load_config(None, ["search.engine=http", "search.negatives=none"])
+    http = load_train_config(None, ["search.engine=http", "search.negatives=none"])
     check_noise_config(http.search, http.curriculum)
-    bm25 = load_config(None, ["search.engine=bm25", "search.negatives=none"])
+    bm25 = load_train_config(None, ["search.engine=bm25", "search.negatives=none"])
     with pytest.raises(ConfigError, match="search.negatives=none leaves the bm25 retriever's noisy slots"):
         check_noise_config(bm25.search, bm25.curriculum)

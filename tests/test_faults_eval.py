@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.config import EvalConfig, RolloutConfig, TrainConfig, ValidationConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
-from zerosim.rollout import SearchRollout, build_prompt
+from zerosim.job_config import EvalConfig
+from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
 from zerosim.search import Document
+from zerosim.train_config import TrainConfig, ValidationConfig
 
 GOLD = "Cair Paravel"  # in no question, query or simulated document: found in a prompt only if leaked
 QUESTION = "What is the capital of Narnia?"

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from curricula.config import CurriculumConfig
 from curricula.negatives import CorpusNegatives
 from eval.bm25 import BM25Retriever
+from eval.config import BM25Config
 from simulators import OpenAIBackend, TransformersBackend
 from simulators.openai_server import create_openai_app
-from zerosim.config import BM25Config, ConfigError, CurriculumConfig, HTTPConfig, SearchConfig
-from zerosim.engines import build_search_engine, curriculum_adds_noise
-from zerosim.http_search import HTTPSearchEngine
+from zerosim.config import ConfigError
+from zerosim.engines import SearchConfig, build_search_engine, curriculum_adds_noise
+from zerosim.http_search import HTTPConfig, HTTPSearchEngine
 from zerosim.http_server import running_app, running_server
 from zerosim.search import Document, SearchError, SearchRequest
 
@@ -530,8 +532,8 @@ def test_which_curricula_ask_for_noise(schedule, p_start, p_end, noisy):
 
 def test_training_against_a_server_that_cannot_honour_noise_stops_at_start_up(tmp_path, tiny_model_dir):
     """Through ``train``: the engine is refused when it is built, before any search, run or checkpoint."""
-    from zerosim.config import load_config
     from zerosim.train import train
+    from zerosim.train_config import load_train_config
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text(
@@ -542,7 +544,7 @@ def test_training_against_a_server_that_cannot_honour_noise_stops_at_start_up(tm
     )
     older_zerosim = _health({"status": "ok", "engine": "BM25Retriever"})  # a /health without "noise"
     with fault_server(older_zerosim) as (url, hits):
-        cfg = load_config(
+        cfg = load_train_config(
             None,
             [
                 f"policy.model={tiny_model_dir}",

@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from eval.config import BM25Config, DenseConfig
 from eval.index import IndexMismatchError, build_index, load_index, read_manifest, save_index
-from zerosim.config import BM25Config, DenseConfig, SearchConfig
 from zerosim.data.qa import DataError
-from zerosim.engines import build_search_engine
+from zerosim.engines import SearchConfig, build_search_engine
 from zerosim.search import SearchRequest
 
 PASSAGES = [

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from curricula import search_source, trajectory_noise
+from curricula.config import CurriculumConfig
 from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
-from zerosim.config import ConfigError, CurriculumConfig, load_config
+from zerosim.config import ConfigError
 from zerosim.generation import Generation
 from zerosim.metrics import exact_match, f1_score
 from zerosim.rollout import SearchRollout, build_prompt, engine_counters
 from zerosim.search import Document, SearchRequest
+from zerosim.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,8 +153,9 @@ def test_requests_without_source_are_drawn_reproducibly_by_the_engine():
 
 
 def test_build_search_engine_mixed_parts_noise_check_and_real_ids(tmp_path, monkeypatch, tiny_model_dir):
-    from zerosim.config import BM25Config, SearchConfig, SimulatorConfig
-    from zerosim.engines import build_search_engine, check_noise_config
+    from eval.config import BM25Config
+    from simulators.config import SimulatorConfig
+    from zerosim.engines import SearchConfig, build_search_engine, check_noise_config
 
     monkeypatch.setenv("ZEROSIM_HOME", str(tmp_path / "home"))  # the bm25 index is built there
     corpus = tmp_path / "corpus.jsonl"
@@ -227,7 +230,7 @@ class PlannedGenerator:
 
 def _mixed_rollout(tokenizer, engine, n=24):
     from curricula import ConstantSchedule, CurriculumNoise
-    from zerosim.config import RolloutConfig
+    from zerosim.rollout import RolloutConfig
 
     questions = [f"Q{i} what is the capital?" for i in range(n)]
     examples = {build_prompt(q): (q, ("Lima",)) for q in questions}
@@ -347,14 +350,14 @@ def test_mixed_config_errors_name_the_key_and_the_fix():
     with pytest.raises(
         ConfigError, match=r"'search.mixed.real' is 'simulator'; valid values: bm25, dense, hybrid, http"
     ):
-        load_config(None, ["search.engine=mixed", "search.mixed.real=simulator"])
+        load_train_config(None, ["search.engine=mixed", "search.mixed.real=simulator"])
     with pytest.raises(ConfigError, match=r"search.mixed.real_share must be in \[0, 1\].*got 1.5: set e.g."):
-        load_config(None, ["search.engine=mixed", "search.mixed.real_share=1.5"])
+        load_train_config(None, ["search.engine=mixed", "search.mixed.real_share=1.5"])
     with pytest.raises(ConfigError, match=r"search.mixed.real_share_end must be in \[0, 1\].*got -0.1"):
-        load_config(None, ["search.mixed.real_share_end=-0.1"])
+        load_train_config(None, ["search.mixed.real_share_end=-0.1"])
     with pytest.raises(ConfigError, match=r"'search.mixed.schedule' is 'adaptive'; valid values: linear"):
-        load_config(None, ["search.mixed.schedule=adaptive"])
-    cfg = load_config(
+        load_train_config(None, ["search.mixed.schedule=adaptive"])
+    cfg = load_train_config(
         None, ["search.engine=mixed", "search.mixed.real=dense", "search.mixed.real_share_end=0.9"]
     )
     assert (cfg.search.mixed.real, cfg.search.mixed.real_share, cfg.search.mixed.real_share_end) == (
@@ -367,7 +370,7 @@ def test_mixed_config_errors_name_the_key_and_the_fix():
 def test_plan_shows_both_parts_and_the_share_over_the_run():
     from zerosim.plan import plan
 
-    cfg = load_config(
+    cfg = load_train_config(
         ROOT / "configs" / "demo.yaml",
         ["search.engine=mixed", "search.mixed.real_share=0.8", "search.mixed.real_share_end=0.2",
          "trainer.max_steps=8", "validation.every=2"],

@@ -105,8 +105,9 @@ def test_checkpoint_state_reaches_the_trainer_bound_to_it(tmp_path):
 
 
 def test_validation_refuses_to_run_before_it_is_bound(tokenizer):
-    from zerosim.config import RolloutConfig, ValidationConfig
     from zerosim.data import QAExample
+    from zerosim.rollout import RolloutConfig
+    from zerosim.train_config import ValidationConfig
     from zerosim.validation import Validation
 
     val = Validation(

@@ -135,9 +135,9 @@ def test_rewards_and_rollout_keep_no_parser_of_their_own():
 def test_one_chat_encoder_gives_the_ids_every_old_path_gave(tokenizer, tiny_model_dir):
     from eval.harness import DIRECT_PROMPT, Evaluator
     from simulators.backends import TransformersBackend
-    from zerosim.config import EvalConfig
     from zerosim.data.qa import QAExample
     from zerosim.generation import Generation
+    from zerosim.job_config import EvalConfig
     from zerosim.models import encode_chat_prompt, format_chat_prompt, load_causal_lm
     from zerosim.rollout import ProtocolTokens, build_prompt
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.config import ConfigError, load_config
+from zerosim.config import ConfigError
 from zerosim.plan import plan
 from zerosim.train import require_vllm, vllm_args
+from zerosim.train_config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
@@ -25,7 +26,7 @@ def test_every_recipe_passes_dry_run(recipe, tmp_path, zerosim_cli, monkeypatch)
 
 
 def test_plan_batch_arithmetic_and_curriculum():
-    cfg = load_config(ROOT / "configs" / "zerosearch-qwen2.5-3b.yaml")
+    cfg = load_train_config(ROOT / "configs" / "zerosearch-qwen2.5-3b.yaml")
     rows = dict(plan(cfg, processes=8))
     assert rows["per step"] == "320 trajectories = 64 prompts x 5 rollouts"  # the paper's 64 x 5
     assert rows["curriculum"].startswith("exponential (call): p = 0.00@0") and rows["curriculum"].endswith(
@@ -35,31 +36,31 @@ def test_plan_batch_arithmetic_and_curriculum():
 
 
 def test_dry_run_fails_on_what_would_fail_at_start(tmp_path):
-    cfg = load_config(None, [f"policy.model={tmp_path / 'missing-checkpoint'}"])
+    cfg = load_train_config(None, [f"policy.model={tmp_path / 'missing-checkpoint'}"])
     from zerosim.models import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):
         plan(cfg)
     with pytest.raises(ConfigError, match="must look like http://HOST:PORT"):
-        plan(load_config(None, ["search.engine=http", "search.http.url=localhost:8000"]))
+        plan(load_train_config(None, ["search.engine=http", "search.http.url=localhost:8000"]))
     with pytest.raises(ConfigError, match="data file .* does not exist"):
-        plan(load_config(None, [f"data.train={tmp_path / 'nope.jsonl'}"]))
+        plan(load_train_config(None, [f"data.train={tmp_path / 'nope.jsonl'}"]))
 
 
 def test_vllm_generation_is_refused_clearly_where_vllm_is_missing():
     import importlib.util
 
-    cfg = load_config(None, ["trainer.generation=vllm_server"])
+    cfg = load_train_config(None, ["trainer.generation=vllm_server"])
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match="trainer.generation=hf"):
             require_vllm(cfg)
-    require_vllm(load_config(None, []))  # hf needs nothing
+    require_vllm(load_train_config(None, []))  # hf needs nothing
     args = vllm_args(cfg)
     assert args["use_vllm"] and args["vllm_mode"] == "server"
     assert args["generation_kwargs"] == {
         "stop": ["</search>", "</answer>"],
         "include_stop_str_in_output": True,
     }
-    assert vllm_args(load_config(None, [])) == {}
+    assert vllm_args(load_train_config(None, [])) == {}
     with pytest.raises(ConfigError, match="valid values: hf, vllm_colocate, vllm_server"):
-        load_config(None, ["trainer.generation=vllm"])
+        load_train_config(None, ["trainer.generation=vllm"])

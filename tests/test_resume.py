@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerosim.config import ConfigError, TrainConfig, load_config
+from zerosim.config import ConfigError
+from zerosim.train_config import TrainConfig, load_train_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPER = REPO / "tests" / "helpers" / "kill_during_save.py"
@@ -125,7 +126,7 @@ def test_kill_at_any_phase_of_a_save_resumes_losing_nothing(killed_and_resumed, 
 
 
 def _cfg(out: Path, *overrides: str) -> TrainConfig:
-    return load_config(
+    return load_train_config(
         None, [f"run.output_dir={out}", "run.name=run", "policy.model=/nonexistent/policy", *overrides]
     )
 

@@ -74,8 +74,10 @@ def test_composed_outcome_by_weights():
 
 
 def test_reward_weights_config_is_checked():
-    from zerosim.config import ConfigError, load_config
+    from zerosim.config import ConfigError
+    from zerosim.train_config import load_train_config
 
-    assert load_config(None, ["reward.weights={em: 0.5, f1: 0.5}"]).reward.weights == {"em": 0.5, "f1": 0.5}
+    weights = load_train_config(None, ["reward.weights={em: 0.5, f1: 0.5}"]).reward.weights
+    assert weights == {"em": 0.5, "f1": 0.5}
     with pytest.raises(ConfigError, match="reward.weights takes em, f1, cover_em"):
-        load_config(None, ["reward.weights={rouge: 1.0}"])
+        load_train_config(None, ["reward.weights={rouge: 1.0}"])

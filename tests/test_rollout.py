@@ -5,10 +5,9 @@ import random
 import pytest
 
 from curricula import ConstantSchedule, CurriculumNoise
-from zerosim.config import RolloutConfig
 from zerosim.generation import Generation, HFGenerator
 from zerosim.protocol import parse_action
-from zerosim.rollout import INVALID_ACTION, SearchRollout, build_prompt
+from zerosim.rollout import INVALID_ACTION, RolloutConfig, SearchRollout, build_prompt
 from zerosim.search import Document, SearchError
 
 TURN_TEXTS = [

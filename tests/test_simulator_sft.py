@@ -23,10 +23,11 @@ from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
 from simulators.quality import ResultScore, score
 from simulators.sft import load_preference_dataset, load_sft_dataset, preference_pairs
-from zerosim.config import ConfigError, SimulatorCollectConfig, load_config
+from zerosim.config import ConfigError, load_config
 from zerosim.data import DataError
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
+from zerosim.job_config import SimulatorCollectConfig
 from zerosim.metrics import answer_in_text
 from zerosim.search import Document, SearchRequest
 

@@ -270,11 +270,11 @@ def test_update_bf16_autocasts_the_loss_and_keeps_fp32_weights(
 
 
 def test_bf16_setting_resolves_per_machine(monkeypatch):
-    from zerosim.config import load_config
+    from zerosim.train_config import load_train_config
     from zerosim.trainer import cpu_autocast_bf16
 
-    assert load_config("configs/demo-learning.yaml", []).trainer.bf16 is None
-    assert load_config("configs/demo-learning.yaml", ["trainer.bf16=false"]).trainer.bf16 is False
+    assert load_train_config("configs/demo-learning.yaml", []).trainer.bf16 is None
+    assert load_train_config("configs/demo-learning.yaml", ["trainer.bf16=false"]).trainer.bf16 is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cpu_autocast_bf16(True) is True and cpu_autocast_bf16(False) is False
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)

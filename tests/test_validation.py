@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from eval.harness import Evaluator
-from zerosim.config import EvalConfig, RolloutConfig, ValidationConfig
 from zerosim.data.qa import QAExample
 from zerosim.generation import Generation
+from zerosim.job_config import EvalConfig
+from zerosim.rollout import RolloutConfig
 from zerosim.search import Document
+from zerosim.train_config import ValidationConfig
 from zerosim.validation import Validation, validation_examples
 
 

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from zerosim.config import ConfigError, TrainConfig, flatten
+from zerosim.config import ConfigError, flatten
+from zerosim.train_config import TrainConfig
 
 STATE_FILE = "zerosim_state.pt"  # our part of a checkpoint, written last: its presence makes it complete
 RUN_FILE = "mlflow_run.json"  # <output_dir>/<name>/mlflow_run.json: the run a resume continues

@@ -97,7 +97,7 @@ policy_app = typer.Typer(help="Policy preparation.", no_args_is_help=True)
 serve_app = typer.Typer(
     help="Serve search engines over HTTP (Search-R1 /retrieve API).", no_args_is_help=True
 )
-index_app = typer.Typer(help="Build retrieval indexes.", no_args_is_help=True)
+index_app = typer.Typer(help="Build or import retrieval indexes.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
 app.add_typer(policy_app, name="policy")
@@ -157,7 +157,7 @@ def train(
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
-    from zerosim.config import TrainConfig
+    from zerosim.train_config import TrainConfig
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
@@ -201,7 +201,7 @@ def evaluate(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. search.k=5 batch_size=8"),
 ) -> None:
     """Evaluate a policy on QA datasets; writes table.json/table.md and an MLflow eval run."""
-    from zerosim.config import EvalConfig
+    from zerosim.job_config import EvalConfig
 
     flags = {"policy": policy, "method": method, "search.engine": search, "limit": limit}
     if dataset is not None:
@@ -267,7 +267,7 @@ def policy_warmstart(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. warmstart.max_steps=80"),
 ) -> None:
     """SFT the policy on synthetic search trajectories (cold start), as `train` does with warmstart.enabled."""
-    from zerosim.config import TrainConfig
+    from zerosim.train_config import TrainConfig
 
     cfg = _load(config, {}, overrides, TrainConfig)
     from zerosim.warmstart import run_warmstart
@@ -321,6 +321,49 @@ def index_build(
     typer.echo(str(path))
 
 
+@index_app.command("import")
+def index_import(
+    faiss_file: Path = typer.Option(
+        ..., "--faiss", help="An existing faiss index (Search-R1: e5_Flat.index)."
+    ),
+    corpus: Path = typer.Option(
+        ..., "--corpus", help="Its FlashRAG corpus jsonl, row i = vector i (Search-R1: wiki-18.jsonl)."
+    ),
+    encoder: str = typer.Option(
+        ..., "--encoder", help="The encoder of its vectors: name or path (Search-R1: intfloat/e5-base-v2)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Index directory to write (atomically; the files are linked, not copied)."
+    ),
+    pooling: str = typer.Option(
+        None, "--pooling", help="mean | cls, for an encoder saved as a bare transformers model."
+    ),
+    query_prefix: str = typer.Option(
+        None,
+        "--query-prefix",
+        help="Prepended to queries; default: what the encoder expects (e5: 'query: ').",
+    ),
+    passage_prefix: str = typer.Option(
+        None, "--passage-prefix", help="How the passages were encoded (recorded; e5: 'passage: ')."
+    ),
+) -> None:
+    """Wrap an existing faiss index and its corpus with a manifest, for search.dense.index_dir."""
+    from eval.index_import import import_index
+
+    if pooling is not None and pooling not in ("mean", "cls"):
+        _fail(f"--pooling must be mean or cls, got {pooling!r}")
+    path = import_index(
+        faiss_file,
+        corpus,
+        encoder,
+        out,
+        pooling=pooling,
+        query_prefix=query_prefix,
+        passage_prefix=passage_prefix,
+    )
+    typer.echo(str(path))
+
+
 @simulator_app.command("serve")
 def simulator_serve(
     model: str = typer.Option(
@@ -363,7 +406,7 @@ def simulator_collect(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. depth=20 balance=false"),
 ) -> None:
     """Build a simulator SFT dataset: queries, real-retriever documents, useful/noisy labels."""
-    from zerosim.config import SimulatorCollectConfig
+    from zerosim.job_config import SimulatorCollectConfig
 
     flags = {
         "out": out,
@@ -395,7 +438,7 @@ def simulator_train(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. learning_rate=5e-5"),
 ) -> None:
     """Supervised fine-tuning of a simulator LLM (TRL SFTTrainer, full or LoRA) with an MLflow run."""
-    from zerosim.config import SimulatorTrainConfig
+    from simulators.config import SimulatorTrainConfig
 
     flags = {
         "data": data,
@@ -422,7 +465,7 @@ def simulator_eval(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. k=5 simulator.temperature=0"),
 ) -> None:
     """Quality report of a simulator (useful/noisy answer shares, format, duplicates, speed) + MLflow run."""
-    from zerosim.config import SimulatorEvalConfig
+    from simulators.config import SimulatorEvalConfig
 
     flags = {
         "simulator.model": model,
@@ -433,9 +476,8 @@ def simulator_eval(
     }
     cfg = _load(config, flags, overrides, SimulatorEvalConfig)
     from simulators.quality import run_quality
-    from zerosim.engines import build_search_engine
 
-    result = run_quality(cfg, build_engine=build_search_engine)
+    result = run_quality(cfg)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")
 

@@ -2,8 +2,45 @@
 
 from __future__ import annotations
 
-from zerosim.config import EMBEDDED_DATA, ConfigError, CurriculumConfig, SearchConfig
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from curricula.config import CurriculumConfig, MixedConfig
+from eval.config import BM25Config, DenseConfig, HybridConfig
+from simulators.config import SimulatorConfig
+from simulators.llm import build_simulator
+from zerosim.config import EMBEDDED_DATA, ConfigError, ranged
+from zerosim.http_search import HTTPConfig, Negatives
 from zerosim.search import SearchEngine
+
+
+class EngineName(StrEnum):
+    """``search.engine``: what answers the policy's searches."""
+
+    simulator = "simulator"
+    bm25 = "bm25"
+    dense = "dense"
+    hybrid = "hybrid"
+    http = "http"
+    mixed = "mixed"
+
+
+@dataclass
+class SearchConfig:
+    # simulator | bm25 | dense | hybrid | http | mixed (simulator or search.mixed.real per search) — what answers the policy's <search>
+    engine: EngineName = EngineName.simulator
+    # documents per search
+    k: int = ranged(3, ">=1")
+    # curriculum noise over bm25/dense/hybrid: hard (ranks k+1..depth) / random (corpus) / none (ignore noise)
+    negatives: Negatives = Negatives.hard
+    # negatives=hard: retrieve this deep for the noisy slots
+    negatives_depth: int = ranged(30, ">=1")
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    http: HTTPConfig = field(default_factory=HTTPConfig)
+    mixed: MixedConfig = field(default_factory=MixedConfig)
 
 
 def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
@@ -189,39 +226,7 @@ def _mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None)
 
 def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
     if cfg.engine == "simulator":
-        from simulators import CachedSearchEngine, LLMSimulator
-
-        sim = cfg.simulator
-        options = dict(
-            words_per_doc=sim.words_per_doc,
-            max_new_tokens=sim.max_new_tokens,
-            temperature=sim.temperature,
-            top_p=sim.top_p,
-            pass_answers=sim.pass_answers,
-            prompts=sim.prompts_file,
-            on_short=sim.on_short,
-            on_leak=sim.on_leak,
-            seed=seed,
-        )
-        if sim.backend == "openai":
-            engine = LLMSimulator.from_openai(
-                sim.url,
-                sim.served_model or sim.model,
-                tokenizer=sim.model if sim.chat_template else None,
-                connect_timeout=sim.connect_timeout,
-                read_timeout=sim.read_timeout,
-                retries=sim.retries,
-                backoff=sim.backoff,
-                max_concurrency=sim.max_concurrency,
-                **options,
-            )
-        else:
-            engine = LLMSimulator.from_pretrained(
-                sim.model, dtype=dtype, batch_invariant=sim.batch_invariant, **options
-            )
-        if sim.cache:
-            engine = CachedSearchEngine(engine, max_entries=sim.cache_size, sqlite_path=sim.cache_path)
-        return engine
+        return build_simulator(cfg.simulator, seed=seed, dtype=dtype)
     if cfg.engine == "bm25":
         sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
         return with_negatives(sparse, sparse.docs, cfg, seed)

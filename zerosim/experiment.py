@@ -35,20 +35,15 @@ from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from zerosim.config import (
-    EMBEDDED_MODEL,
-    ConfigError,
-    EvalConfig,
-    RuntimeConfig,
-    SimulatorCollectConfig,
-    SimulatorEvalConfig,
-    SimulatorTrainConfig,
-    TrackingConfig,
-    TrainConfig,
-    load_config,
-)
+from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
+from zerosim.config import EMBEDDED_MODEL, ConfigError, load_config
 from zerosim.data.jsonl import read_jsonl
 from zerosim.fsutil import atomic_write_text
+from zerosim.job_config import EvalConfig, SimulatorCollectConfig
+from zerosim.rewards import Metric
+from zerosim.runtime import RuntimeConfig
+from zerosim.tracking import TrackingConfig
+from zerosim.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +55,28 @@ EXPERIMENT_FILE = "experiment.json"
 # -- config ------------------------------------------------------------------------------------------------
 @dataclass
 class SimulatorStageConfig:
-    model: str | None = None  # a ready simulator (path, HF id, smollm2): the simulator stages are skipped
-    collect: list[str] = field(
-        default_factory=list
-    )  # overrides of `zerosim simulator collect` (e.g. max_questions=400)
-    sft: list[str] = field(default_factory=list)  # overrides of `zerosim simulator train` (the SFT stage)
-    dpo: bool = True  # DPO from the SFT checkpoint (mode-contrast pairs of the collected data)
-    dpo_overrides: list[str] = field(default_factory=list)  # overrides of the DPO `zerosim simulator train`
-    quality: list[str] = field(default_factory=list)  # overrides of `zerosim simulator eval` (e.g. limit=32)
+    # a ready simulator (path, HF id, smollm2): the simulator stages are skipped
+    model: str | None = None
+    # overrides of `zerosim simulator collect` (e.g. max_questions=400)
+    collect: list[str] = field(default_factory=list)
+    # overrides of `zerosim simulator train` (the SFT stage)
+    sft: list[str] = field(default_factory=list)
+    # DPO from the SFT checkpoint (mode-contrast pairs of the collected data)
+    dpo: bool = True
+    # overrides of the DPO `zerosim simulator train`
+    dpo_overrides: list[str] = field(default_factory=list)
+    # overrides of `zerosim simulator eval` (e.g. limit=32)
+    quality: list[str] = field(default_factory=list)
 
 
 @dataclass
 class ArmConfig:
-    overrides: list[str] = field(
-        default_factory=list
-    )  # train overrides on the base recipe; {simulator} = the simulator
-    rl: bool = True  # false: no RL, the shared warm start is evaluated as it is
-    enabled: bool = True  # false: leave the arm out of this experiment
+    # train overrides on the base recipe; {simulator} = the simulator
+    overrides: list[str] = field(default_factory=list)
+    # false: no RL, the shared warm start is evaluated as it is
+    rl: bool = True
+    # false: leave the arm out of this experiment
+    enabled: bool = True
 
 
 def default_arms() -> dict[str, ArmConfig]:
@@ -104,48 +104,55 @@ def default_arms() -> dict[str, ArmConfig]:
 
 @dataclass
 class ExperimentEvalConfig:
-    datasets: list[str] = field(
-        default_factory=lambda: ["factbook"]
-    )  # held-out sets (files, HF ids, factbook[:split])
-    split: str = "test"  # default split of those datasets
-    limit: int | None = None  # questions per dataset (first N); None = all
-    engines: list[str] = field(
-        default_factory=lambda: ["bm25", "dense"]
-    )  # real engines every policy is evaluated with
-    baselines: list[str] = field(
-        default_factory=lambda: ["direct", "rag"]
-    )  # methods run on the untrained policy
-    batch_size: int = 16  # questions per batched rollout
-    overrides: list[str] = field(default_factory=list)  # overrides of every `zerosim eval` stage
+    # held-out sets (files, HF ids, factbook[:split])
+    datasets: list[str] = field(default_factory=lambda: ["factbook"])
+    # default split of those datasets
+    split: str = "test"
+    # questions per dataset (first N); None = all
+    limit: int | None = None
+    # real engines every policy is evaluated with
+    engines: list[str] = field(default_factory=lambda: ["bm25", "dense"])
+    # methods run on the untrained policy
+    baselines: list[str] = field(default_factory=lambda: ["direct", "rag"])
+    # questions per batched rollout
+    batch_size: int = 16
+    # overrides of every `zerosim eval` stage
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
 class ReportConfig:
-    reference: str = "real"  # the arm every other arm is compared with (paired, same questions)
-    confidence: float = 0.95  # bootstrap interval level
-    resamples: int = 2000  # bootstrap resamples
-    seed: int = 0  # seeds the bootstrap
+    # the arm every other arm is compared with (paired, same questions)
+    reference: str = "real"
+    # bootstrap interval level
+    confidence: float = 0.95
+    # bootstrap resamples
+    resamples: int = 2000
+    # seeds the bootstrap
+    seed: int = 0
 
 
 @dataclass
 class ExperimentConfig:
     """``zerosim experiment``: stages over one base recipe; see the module docstring."""
 
-    name: str = "sim-vs-real"  # folder under output_dir and MLflow parent run name
-    output_dir: str = "outputs/experiments"  # the experiment writes to <output_dir>/<name>
-    base: str = "configs/demo-learning.yaml"  # the training recipe every arm starts from
-    overrides: list[str] = field(default_factory=list)  # train overrides for every arm (and the warm start)
-    seeds: list[int] = field(default_factory=lambda: [0])  # one training run per arm and seed
-    train_launcher: str | None = (
-        None  # e.g. "accelerate launch --config_file configs/accelerate/zero2.yaml": each training stage runs as `<launcher> -m zerosim.cli train` (None: in this process)
-    )
+    # folder under output_dir and MLflow parent run name
+    name: str = "sim-vs-real"
+    # the experiment writes to <output_dir>/<name>
+    output_dir: str = "outputs/experiments"
+    # the training recipe every arm starts from
+    base: str = "configs/demo-learning.yaml"
+    # train overrides for every arm (and the warm start)
+    overrides: list[str] = field(default_factory=list)
+    # one training run per arm and seed
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # e.g. "accelerate launch --config_file configs/accelerate/zero2.yaml": each training stage runs as `<launcher> -m zerosim.cli train` (None: in this process)
+    train_launcher: str | None = None
     simulator: SimulatorStageConfig = field(default_factory=SimulatorStageConfig)
-    warmstart: list[str] = field(
-        default_factory=list
-    )  # overrides of the shared warm start (warmstart.* keys)
-    arms: dict[str, ArmConfig] = field(
-        default_factory=default_arms
-    )  # name -> train overrides (docs/experiments.md)
+    # overrides of the shared warm start (warmstart.* keys)
+    warmstart: list[str] = field(default_factory=list)
+    # name -> train overrides (docs/experiments.md)
+    arms: dict[str, ArmConfig] = field(default_factory=default_arms)
     eval: ExperimentEvalConfig = field(default_factory=ExperimentEvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-experiments"))
@@ -544,7 +551,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
     if stage.kind == "quality":
         from simulators.quality import run_quality
 
-        result = run_quality(c, build_engine=build_search_engine, progress=True)
+        result = run_quality(c, progress=True)
         return {"run_id": result.run_id, "report": result.report}
     if stage.kind == "warmstart":
         from zerosim.warmstart import run_warmstart
@@ -682,7 +689,7 @@ def run_experiment(
 
 
 # -- report ------------------------------------------------------------------------------------------------
-METRICS = ("em", "f1", "cover_em")
+METRICS = tuple(m.value for m in Metric)  # em, f1, cover_em
 
 
 def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:

@@ -20,19 +20,40 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from zerosim.config import ranged
 from zerosim.httpretry import Retryable, RetryingClient, check_settings
 from zerosim.search import Document, SearchError, SearchRequest
 
 logger = logging.getLogger(__name__)
 
-# search.negatives: how a retriever behind the server fills noisy slots
-NEGATIVES = ("hard", "random", "none")
+
+class Negatives(StrEnum):
+    """``search.negatives``: how a real retriever (or one behind the server) fills noisy slots."""
+
+    hard = "hard"
+    random = "random"
+    none = "none"
+
+
+@dataclass
+class HTTPConfig:
+    # a server speaking the Search-R1 /retrieve API (zerosim serve retriever)
+    url: str = "http://127.0.0.1:8000"
+    # seconds to connect before a retry
+    connect_timeout: float = ranged(2.0, ">0", "seconds")
+    # seconds to wait for an answer before a retry
+    read_timeout: float = ranged(60.0, ">0", "seconds")
+    # attempts before the search fails with an error naming the URL
+    retries: int = ranged(3, ">=1", "attempts per request, the first one included")
+    # connections each training process keeps open (a server sees processes x this)
+    max_connections: int = ranged(2, ">=1")
 
 
 class HTTPSearchEngine:
@@ -79,8 +100,8 @@ class HTTPSearchEngine:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"search server url {url!r} must look like http://HOST:PORT[/retrieve]")
         check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
-        if negatives not in NEGATIVES:
-            raise ValueError(f"negatives={negatives!r} is not one of {', '.join(NEGATIVES)}")
+        if negatives not in tuple(Negatives):
+            raise ValueError(f"negatives={negatives!r} is not one of {', '.join(Negatives)}")
         if negatives_depth < 1:
             raise ValueError(f"negatives_depth={negatives_depth} must be at least 1")
         base = url.rstrip("/")

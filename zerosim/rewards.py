@@ -7,14 +7,55 @@ from the policy's own tokens, so text inside ``<information>`` blocks can never 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
+from zerosim.config import ConfigError, ranged
 from zerosim.metrics import cover_exact_match, exact_match, f1_score
 
-METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
-    "em": exact_match,
-    "f1": f1_score,
-    "cover_em": cover_exact_match,
+
+class Metric(StrEnum):
+    """An answer metric: ``reward.metric``, the keys of ``reward.weights``, the evaluation's columns."""
+
+    em = "em"
+    f1 = "f1"
+    cover_em = "cover_em"
+
+
+METRICS: dict[Metric, Callable[[str, Sequence[str]], float]] = {
+    Metric.em: exact_match,
+    Metric.f1: f1_score,
+    Metric.cover_em: cover_exact_match,
 }
+
+
+@dataclass
+class RewardConfig:
+    # em | f1 | cover_em — outcome reward from the final <answer>
+    metric: Metric = Metric.em
+    # compose the outcome instead: {em: 0.5, f1: 0.5} = Σ weight · metric; None = metric alone
+    weights: dict[str, float] | None = ranged(None, ">=0")
+    # λ of Search-R1's format-shaped reward (0 = outcome only; 0.2 in their runs)
+    format_weight: float = ranged(0.0, "[0,1)")
+    # StepSearch-style: weight of each search's TF-IDF information gain toward the gold answer (0 = off)
+    step_gain_weight: float = ranged(0.0, ">=0")
+    # StepSearch-style: weight of the penalty for documents already seen (0 = off)
+    step_redundancy_weight: float = ranged(0.0, ">=0")
+
+    def validate(self, prefix: str) -> None:
+        """``weights`` name known metrics, and not all with weight 0."""
+        if self.weights is None:
+            return
+        unknown = sorted(set(self.weights) - set(Metric))
+        if unknown or not self.weights:
+            raise ConfigError(
+                f"{prefix}weights takes {', '.join(Metric)}; got {sorted(self.weights)}: "
+                f"e.g. {prefix}weights='{{em: 0.5, f1: 0.5}}'"
+            )
+        if not any(self.weights.values()):
+            raise ConfigError(
+                f"{prefix}weights are all 0: every trajectory would score 0; give one metric a positive weight"
+            )
 
 
 def answer_reward(prediction: str | None, golds: Sequence[str], metric: str = "em") -> float:

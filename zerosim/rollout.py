@@ -1,4 +1,8 @@
-"""The multi-turn search rollout, as TRL ``GRPOTrainer``'s ``rollout_func``.
+"""The agent loop: multi-turn search rollouts of a policy against a search engine.
+
+The loop returns trajectories and computes their metrics (a dict); it knows no trainer. Training uses it
+through :class:`zerosim.trl_rollout.TRLRollout`, TRL's ``rollout_func``; evaluation, validation and
+collection call :meth:`SearchRollout.run` directly.
 
 Token contract (what the trainer's loss relies on): for every trajectory, ``completion_ids``,
 ``env_mask`` and ``logprobs`` have the same length; tokens the policy sampled have ``env_mask`` 1 and
@@ -23,17 +27,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerosim.config import RolloutConfig
-from zerosim.distributed import SingleProcess, TurnSync
-from zerosim.generation import Generation, HFGenerator, VLLMGenerator
+from zerosim.config import ranged
+from zerosim.distributed import SingleProcess
+from zerosim.generation import Generation, HFGenerator
 from zerosim.metrics import exact_match, f1_score
 from zerosim.models import encode_chat_prompt
 from zerosim.protocol import parse_action
 from zerosim.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
+from zerosim.step_rewards import search_step_rewards
+
+
+@dataclass
+class RolloutConfig:
+    # generation turns per trajectory (searches happen in all but the last)
+    max_turns: int = ranged(3, ">=1")
+    # tokens the policy may write per turn
+    max_new_tokens: int = ranged(128, ">=1")
+    # tokens of retrieved documents kept per <information> block
+    max_obs_tokens: int = ranged(256, ">=1")
+    # hard cap on one trajectory's completion (policy + observations)
+    max_completion_tokens: int = ranged(768, ">=1")
+    # policy sampling temperature
+    temperature: float = ranged(1.0, ">=0", "0 = greedy")
+    # policy nucleus sampling
+    top_p: float = ranged(1.0, "(0,1]")
+
 
 STOP_STRINGS = ("</search>", "</answer>")
 INFO_OPEN = "\n\n<information>"
@@ -110,6 +131,16 @@ class Trajectory:
         """Ended with an answer and never took an invalid action."""
         return self.answer is not None and self.invalid_actions == 0
 
+    @property
+    def step_reward_positions(self) -> list[tuple[int, float]]:
+        """``(index of the token that closed the search's </search>, its step reward)`` per search whose
+        closing token is still in the (capped) completion; empty without step rewards."""
+        return [
+            (i, r)
+            for i, r in zip(self.search_close, self.step_rewards, strict=False)
+            if i < len(self.completion_ids)
+        ]
+
     def add_policy(self, gen: Generation) -> None:
         self.completion_ids += gen.token_ids
         self.env_mask += [1] * len(gen.token_ids)
@@ -146,10 +177,12 @@ class ProtocolTokens:
 
 
 class SearchRollout:
-    """Runs search trajectories for a batch of prompts; callable as TRL's ``rollout_func``.
+    """Runs search trajectories for a batch of prompts (:meth:`run`) and computes their metrics
+    (:meth:`metrics`).
 
-    ``examples`` maps each prompt string to its ``(question, gold answers)``: TRL passes the rollout only
-    the prompts, while the simulator needs the question and answers of each one.
+    ``examples`` maps each prompt string to its ``(question, gold answers)``: the caller (TRL, through
+    :class:`zerosim.trl_rollout.TRLRollout`) passes only the prompts, while the simulator needs the question
+    and answers of each one.
     """
 
     def __init__(
@@ -163,8 +196,6 @@ class SearchRollout:
         noise: NoiseFn | None = None,
         source: SourceFn | None = None,
         step_metrics: Callable[[int], Mapping[str, float]] | None = None,
-        num_samples: int = 4,
-        sample_every: int = 1,
         step_rewards: tuple[float, float] | None = None,
     ):
         self.tokenizer = tokenizer
@@ -175,13 +206,9 @@ class SearchRollout:
         self.noise = noise  # None: every search as the engine gives it (evaluation, validation, collection)
         self.source = source  # None: the engine decides (one engine, or a mixed one drawing itself)
         self.step_metrics = step_metrics  # the caller's per-step values (the curriculum's p, the real share)
-        self.num_samples = num_samples
-        self.sample_every = max(1, sample_every)
         self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
-        self.last_step_rewards: list[list[tuple[int, float]]] = []  # per trajectory of the last batch
-        self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
         self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
-        self._eos_ids = [tokenizer.eos_token_id]
+        self.eos_ids = [tokenizer.eos_token_id]
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return self.tokens.prompt(prompt)
@@ -193,52 +220,9 @@ class SearchRollout:
             temperature=self.config.temperature,
             top_p=self.config.top_p,
             stop_strings=STOP_STRINGS,
-            eos_token_ids=self._eos_ids,
+            eos_token_ids=self.eos_ids,
             collective=collective,
         )
-
-    # -- TRL entry point -------------------------------------------------------------------------------
-    def __call__(self, prompts: list[Any], trainer) -> dict[str, list]:
-        step = int(trainer.state.global_step)
-        sync = TurnSync(trainer.accelerator)
-        offset = sync.process_index * len(prompts)  # TRL hands every rank an equal slice, in rank order
-        if getattr(trainer, "use_vllm", False):
-            context = nullcontext(None)  # TRL synced the vLLM weights before calling us
-        else:
-            from trl.models import unwrap_model_for_generation
-
-            # ZeRO-3: gather the shards once for the whole rollout (TRL's ds3_gather_for_generation)
-            context = unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            )
-        with context as model:
-            if model is None:
-                generator = VLLMGenerator(
-                    trainer.vllm_generation,
-                    self.tokenizer,
-                    stop_strings=STOP_STRINGS,
-                    eos_token_ids=self._eos_ids,
-                )
-            else:
-                generator = self.generator_for(model, collective=_synced_decoding(model, sync))
-            trajectories, timing = self.run(generator, prompts, step, sync=sync, offset=offset)
-        for name, value in self.metrics(trajectories, step, timing).items():
-            trainer._log_metric(name, value)  # TRL's reward-function metric hook; averaged across ranks
-        self._keep_samples(trajectories, step)
-        return {
-            "prompt_ids": [t.prompt_ids for t in trajectories],
-            "completion_ids": [t.completion_ids for t in trajectories],
-            "logprobs": [t.logprobs for t in trajectories],
-            "env_mask": [t.env_mask for t in trajectories],
-            "final_answer": [t.answer for t in trajectories],
-            "num_searches": [t.searches for t in trajectories],
-            "valid_format": [t.valid_format for t in trajectories],
-            "step_reward_total": [sum(t.step_rewards) for t in trajectories],
-            # mixed: each trajectory's source group, for the reward by source (train.instrumented)
-            **({"search_source": [t.source_group for t in trajectories]} if self.source is not None else {}),
-        }
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(
@@ -315,28 +299,18 @@ class SearchRollout:
             traj.finish = traj.finish or "no_answer"
             if (
                 traj.finish == "answer"
-                and traj.completion_ids[-1] not in self._eos_ids
+                and traj.completion_ids[-1] not in self.eos_ids
                 and len(traj.env_mask) < cap
             ):
                 # Generation stopped at </answer>, before the turn's EOS. Close the turn (masked, never trained)
                 # so the trainer sees a finished sequence rather than a truncated one.
-                traj.add_environment(self._eos_ids[:1])
+                traj.add_environment(self.eos_ids[:1])
         if self.step_rewards is not None:
-            from zerosim.step_rewards import search_step_rewards
-
             gain, redundancy = self.step_rewards
             for traj in trajectories:
                 traj.step_rewards = search_step_rewards(
                     traj.search_docs, " ".join(traj.answers), gain_weight=gain, redundancy_weight=redundancy
                 )
-        self.last_step_rewards = [
-            [
-                (i, r)
-                for i, r in zip(t.search_close, t.step_rewards, strict=False)
-                if i < len(t.completion_ids)
-            ]
-            for t in trajectories
-        ]
         return trajectories, timing
 
     def _search(self, searching: list[tuple[Trajectory, str]], step: int) -> None:
@@ -423,24 +397,6 @@ class SearchRollout:
             out[f"mixed/{group}/searches"] = sum(t.searches for t in members) / n
         return out
 
-    def _keep_samples(self, trajectories: Sequence[Trajectory], step: int) -> None:
-        if step % self.sample_every:
-            return
-        for traj in trajectories[: self.num_samples]:
-            self.samples.append(
-                {
-                    "step": step,
-                    "question": traj.question,
-                    "golden_answers": list(traj.answers),
-                    "completion": self.tokenizer.decode(traj.completion_ids, skip_special_tokens=False),
-                    "answer": traj.answer,
-                    "finish": traj.finish,
-                    "searches": traj.events,
-                    "policy_tokens": sum(traj.env_mask),
-                    "environment_tokens": len(traj.env_mask) - sum(traj.env_mask),
-                }
-            )
-
 
 def engine_counters(engine: Any) -> dict[str, float]:
     """The running counters of a search engine and the engines it wraps, as ``search/<name>/<counter>``.
@@ -475,7 +431,7 @@ def engine_counters(engine: Any) -> dict[str, float]:
     return out
 
 
-def _synced_decoding(model, sync) -> bool:
+def synced_decoding(model, sync) -> bool:
     """Whether transformers ``generate`` will synchronise decoding steps across ranks (``synced_gpus``)."""
     if sync.num_processes < 2:
         return False

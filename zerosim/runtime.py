@@ -18,6 +18,17 @@ A user who starts a server by hand beside training splits the cores themselves, 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
+from zerosim.config import ranged
+
+
+@dataclass
+class RuntimeConfig:
+    # torch/OpenMP threads of this process; None = the cores it may use (CPU affinity) / processes on this host (LOCAL_WORLD_SIZE)
+    threads: int | None = ranged(
+        None, ">=1", "null = the cores this process may use / processes on this host"
+    )
 
 
 def available_cores() -> int:

@@ -10,10 +10,25 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from zerosim.config import ConfigError, TrackingConfig, flatten, to_yaml
+from zerosim.config import ConfigError, flatten, ranged, to_yaml
 from zerosim.data.jsonl import jsonl_text
+
+
+@dataclass
+class TrackingConfig:
+    # MLflow tracking URI (sqlite file in the working dir by default)
+    tracking_uri: str = "sqlite:///mlflow.db"
+    # MLflow experiment name
+    experiment: str = "zerosim"
+    # trajectories per step written to the samples artifact
+    num_sample_trajectories: int = ranged(4, ">=0")
+    # keep sample trajectories every N steps
+    sample_every: int = ranged(1, ">=1")
+    # nest this job's run under that active MLflow run (set by zerosim experiment)
+    parent_run_id: str | None = None
 
 
 def configure(tracking: TrackingConfig, experiment: bool = True) -> None:

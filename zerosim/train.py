@@ -26,7 +26,7 @@ from zerosim.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkp
     resume_point,
     resumed_changes,
 )
-from zerosim.config import ConfigError, TrainConfig
+from zerosim.config import ConfigError
 from zerosim.data.embedded import load_questions
 from zerosim.distributed import broadcast_object, process_state, shared_atomic_directory
 from zerosim.engines import build_search_engine, curriculum_adds_noise
@@ -35,7 +35,9 @@ from zerosim.models import load_causal_lm, load_tokenizer
 from zerosim.rewards import make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
 from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run, trainer_mlflow_callback
+from zerosim.train_config import TrainConfig
 from zerosim.trainer import Critic, SearchTrainer, algorithm_args, cpu_autocast_bf16
+from zerosim.trl_rollout import TRLRollout
 
 
 @dataclass
@@ -357,7 +359,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         delta=c.adaptive_delta,
     )
     mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source
-    rollout = SearchRollout(
+    loop = SearchRollout(
         tokenizer,
         engine,
         config=cfg.rollout,
@@ -369,9 +371,11 @@ def train(cfg: TrainConfig) -> TrainResult:
             "curriculum/noise_prob": schedule.probability(step),
             **({} if mixed is None else {"mixed/real_share": mixed.real_share(step)}),
         },
-        num_samples=cfg.tracking.num_sample_trajectories,
-        sample_every=cfg.tracking.sample_every,
         step_rewards=step_weights(cfg),
+    )
+    # TRL's rollout_func over the loop: its metrics go to the trainer's metric hook (bound below)
+    rollout = TRLRollout(
+        loop, num_samples=cfg.tracking.num_sample_trajectories, sample_every=cfg.tracking.sample_every
     )
 
     tags = {
@@ -449,8 +453,10 @@ def train(cfg: TrainConfig) -> TrainResult:
             rollout_func=rollout,
             callbacks=callbacks,
         )
-        # the callbacks exist before the trainer; each that needs it gets it here, before training starts
+        # the callbacks and the rollout exist before the trainer; each that needs it gets it here, before
+        # training starts
         state_callback.bind(trainer)
+        rollout.bind(trainer)
         if validation is not None:
             validation.bind(trainer)
         if checkpoint_in is not None:

@@ -56,6 +56,9 @@ from zerosim.algorithms import (
 
 log = logging.getLogger(__name__)
 
+# per completion, the rollout's step rewards: [(index of the token that closed a </search>, value), ...]
+StepRewards = list[list[tuple[int, float]]]
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -519,6 +522,9 @@ class SearchTrainer(GRPOTrainer):
 
     def _score(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        # TRL merged the rollout's extra fields into these rows (for the reward functions): each completion's
+        # step rewards, [(token index, value), ...] (zerosim.trl_rollout.TRLRollout), when it has them
+        steps = [row.get("step_rewards") or [] for row in inputs]
         rewards = self._last_rewards
         local = output["completion_ids"].shape[0]
         start = self.accelerator.process_index * local
@@ -527,10 +533,10 @@ class SearchTrainer(GRPOTrainer):
             advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
             output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
         elif self.algorithm == "reinforce_pp":
-            output.update(self._reinforce_pp_advantages(output, rewards[start : start + local]))
+            output.update(self._reinforce_pp_advantages(output, rewards[start : start + local], steps))
         elif self.algorithm == "ppo":
             started = time.perf_counter()
-            output.update(self._ppo_advantages(output, rewards[start : start + local]))
+            output.update(self._ppo_advantages(output, rewards[start : start + local], steps))
             self._add_time("critic", time.perf_counter() - started)
         if self.dynamic_sampling:
             self._drop_uniform_groups(output, rewards, start)
@@ -589,14 +595,16 @@ class SearchTrainer(GRPOTrainer):
         finally:
             self.beta = beta
 
-    def _reinforce_pp_advantages(self, output, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _reinforce_pp_advantages(
+        self, output, rewards: torch.Tensor, steps: StepRewards | None = None
+    ) -> dict[str, torch.Tensor]:
         """Token advantages of REINFORCE++: ``r_t = -β·(log π_old(y_t) - log π_ref(y_t))`` on every policy
         token (the k1 estimate of KL(π_old ‖ π_ref)), plus the outcome reward on the last one (step rewards on
         their ``</search>`` tokens); returns-to-go over policy tokens, normalised over the whole batch's."""
         mask = self._loss_mask(output)
         scorable = ~torch.isnan(rewards.to(mask.device))
         mask = mask * scorable.unsqueeze(1).to(mask.dtype)  # unscorable rows: advantage 0, outside the stats
-        token_rewards = self._token_rewards(output, rewards, mask)
+        token_rewards = self._token_rewards(output, rewards, mask, steps)
         mode = "train" if self.model.training else "eval"
         if self.beta != 0.0:
             old = output.get("old_per_token_logps")
@@ -630,11 +638,14 @@ class SearchTrainer(GRPOTrainer):
         std = (squares / count - mean**2).clamp(min=0.0).sqrt()
         return ((x64 - mean) / (std + EPS) * m).to(x.dtype)
 
-    def _token_rewards(self, output, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(B, T)``: the outcome reward on each row's last policy token and the rollout's step rewards on
-        their ``</search>`` tokens (the reward function added their sum to the outcome: taken back off)."""
+    def _token_rewards(
+        self, output, rewards: torch.Tensor, mask: torch.Tensor, steps: StepRewards | None = None
+    ) -> torch.Tensor:
+        """``(B, T)``: the outcome reward on each row's last policy token and the rollout's step rewards
+        (``steps``: per row, ``[(token index, value), ...]``, the rollout's ``step_rewards`` field) on their
+        ``</search>`` tokens (the reward function added their sum to the outcome: taken back off)."""
         rewards = rewards.to(mask.device).float().clone()
-        steps = getattr(self.rollout_func, "last_step_rewards", None) or []
+        steps = steps or []
         placed = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         if len(steps) == len(rewards):
             for row, items in enumerate(steps):
@@ -653,13 +664,15 @@ class SearchTrainer(GRPOTrainer):
             mask = mask * output["tool_mask"]
         return input_ids, attention, mask
 
-    def _ppo_advantages(self, output, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _ppo_advantages(
+        self, output, rewards: torch.Tensor, steps: StepRewards | None = None
+    ) -> dict[str, torch.Tensor]:
         """GAE with the critic's values. The values before the critic's first step are what that step's own
         forward computes (dropout is off), so the first critic epoch also gives GAE its values: one critic
         forward over the batch less than a separate values pass."""
         input_ids, attention, mask = self._critic_inputs(output)
         T = output["completion_ids"].shape[1]
-        token_rewards = self._token_rewards(output, rewards, mask)
+        token_rewards = self._token_rewards(output, rewards, mask, steps)
         self.critic.train()
         values, first = self._critic_epoch(input_ids, attention, mask, T, token_rewards=token_rewards)
         advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)

@@ -29,12 +29,12 @@ import torch
 from transformers import TrainerCallback
 
 from curricula import find_mixed
-from zerosim.config import RolloutConfig, ValidationConfig
 from zerosim.data.qa import QAExample
 from zerosim.distributed import TurnSync
 from zerosim.generation import HFGenerator
-from zerosim.rollout import STOP_STRINGS, SearchRollout, _synced_decoding, build_prompt
+from zerosim.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, build_prompt, synced_decoding
 from zerosim.search import SearchEngine
+from zerosim.train_config import ValidationConfig
 
 # val/<metric> -> the RowResult field summed over questions (all-reduced across ranks, then divided by their count)
 _SUMMED = {
@@ -124,7 +124,7 @@ class Validation(TrainerCallback):
             stop_strings=STOP_STRINGS,
             eos_token_ids=[self.tokenizer.eos_token_id],
             logprobs=False,
-            collective=_synced_decoding(model, sync),
+            collective=synced_decoding(model, sync),
         )
 
     def validate(self, step: int) -> dict[str, float]:

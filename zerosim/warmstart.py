@@ -17,11 +17,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from zerosim.config import WarmstartConfig
 from zerosim.data.qa import QAExample
 from zerosim.fsutil import atomic_directory
 from zerosim.rollout import ProtocolTokens, build_prompt
 from zerosim.search import SearchEngine, SearchRequest
+from zerosim.train_config import WarmstartConfig
 
 IGNORE_INDEX = -100  # label value the loss skips
 

@@ -1,0 +1,98 @@
+"""The retrievers' settings (``search.bm25`` / ``search.dense`` / ``search.hybrid``) and those of
+``zerosim eval``.
+
+``zerosim eval`` also names the search engine the policy uses (``search.*``): the app composes that part
+(``zerosim.job_config.EvalConfig``); :class:`HarnessConfig` holds the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from zerosim.config import EMBEDDED_DATA, EMBEDDED_MODEL, ranged
+from zerosim.models import DType
+from zerosim.rollout import RolloutConfig
+from zerosim.runtime import RuntimeConfig
+from zerosim.tracking import TrackingConfig
+
+
+class FaissType(StrEnum):
+    """The faiss index a dense index is built as."""
+
+    flat = "flat"
+    hnsw = "hnsw"
+    ivfpq = "ivfpq"
+
+
+class Method(StrEnum):
+    """How the policy answers under ``zerosim eval``."""
+
+    agent = "agent"
+    rag = "rag"
+    direct = "direct"
+
+
+@dataclass
+class BM25Config:
+    # FlashRAG corpus jsonl, or "factbook" (embedded)
+    corpus: str = EMBEDDED_DATA
+    # a built index (zerosim index build); None = built once into $ZEROSIM_HOME/indexes
+    index_dir: str | None = None
+
+
+@dataclass
+class DenseConfig:
+    # FlashRAG corpus jsonl, or "factbook" (embedded)
+    corpus: str = EMBEDDED_DATA
+    # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2)
+    encoder: str = "minilm"
+    # a built index (zerosim index build); None = built once into $ZEROSIM_HOME/indexes
+    index_dir: str | None = None
+    # flat | hnsw | ivfpq
+    faiss_type: FaissType = FaissType.flat
+    # prepended to queries (e5: "query: "); None = what the encoder expects
+    query_prefix: str | None = None
+    # prepended to passages (e5: "passage: "); None = what the encoder expects
+    passage_prefix: str | None = None
+
+
+@dataclass
+class HybridConfig:
+    # reciprocal-rank-fusion constant: score = sum 1 / (rrf_k + rank) over BM25 and dense
+    rrf_k: int = ranged(60, ">=0")
+    # candidates taken from each engine before fusion
+    depth: int = ranged(20, ">=1")
+
+
+@dataclass
+class HarnessConfig:
+    """``zerosim eval``: a policy answers QA datasets with one method and one search engine."""
+
+    # the policy under test: HF id, local checkpoint, or "smollm2"
+    policy: str = EMBEDDED_MODEL
+    # auto | float32 | bfloat16
+    dtype: DType = DType.auto
+    # files, HF ids, "factbook"; ":split" suffix picks a split
+    datasets: list[str] = field(default_factory=lambda: [EMBEDDED_DATA])
+    # default split (the embedded factbook's test split; dev is for validation)
+    split: str = "test"
+    # evaluate only the first N rows of each dataset
+    limit: int | None = ranged(None, ">=1", "null = every row")
+    # agent (multi-turn search) | rag (retrieve once, then answer) | direct (no retrieval)
+    method: Method = Method.agent
+    # questions per batched generation; the last partial batch is evaluated too
+    batch_size: int = ranged(16, ">=1")
+    # generation budget for direct and rag answers
+    max_answer_tokens: int = ranged(64, ">=1")
+    # seeds sampling and the simulator
+    seed: int = ranged(0, ">=0")
+    # table.json / table.md / samples.jsonl go to <output_dir>/<run_name>
+    output_dir: str = "outputs/eval"
+    # MLflow run name; None = "<method>-<engine>"
+    run_name: str | None = None
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(temperature=0.0))
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-eval"))
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    # trajectories per dataset kept as an artifact
+    num_sample_trajectories: int = ranged(20, ">=0")

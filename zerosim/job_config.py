@@ -1,0 +1,27 @@
+"""The schemas of the component commands that search with an engine the app builds: ``zerosim eval`` and
+``zerosim simulator collect``. Each is its component's own fields (``eval.config.HarnessConfig``,
+``simulators.config.CollectConfig``) plus ``search`` (:class:`zerosim.engines.SearchConfig`), which composes
+parts of every component and so lives with the app's engine factory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eval.config import HarnessConfig
+from simulators.config import CollectConfig
+from zerosim.engines import EngineName, SearchConfig
+
+
+@dataclass
+class EvalConfig(HarnessConfig):
+    """``zerosim eval``: a policy answers QA datasets with one method and one search engine."""
+
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
+
+
+@dataclass
+class SimulatorCollectConfig(CollectConfig):
+    """``zerosim simulator collect``: queries + real-retriever documents labelled useful/noisy -> SFT jsonl."""
+
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
