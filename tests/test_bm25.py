@@ -7,7 +7,7 @@ from eval.index import load_index, save_index
 from zerosim.data.embedded import ensure_factbook, load_questions
 from zerosim.data.qa import load_corpus
 from zerosim.metrics import normalize_answer
-from zerosim.search import SearchEngine, SearchRequest
+from zerosim.search import SearchRequest
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +15,17 @@ def retriever():
     return BM25Retriever(load_corpus(ensure_factbook(progress=False).corpus)).index()
 
 
-def test_is_a_search_engine(retriever):
-    assert isinstance(retriever, SearchEngine)
+def test_a_batch_answers_each_request_in_order_best_first(retriever):
+    """The SearchEngine contract in behaviour: one result per request, in request order, k documents each,
+    scores falling, and a request answered the same alone as in a batch."""
+    requests = [SearchRequest("capital of Peru"), SearchRequest("currency of Japan"), SearchRequest("Kenya")]
+    results = retriever.search(requests, k=4)
+    assert [len(r) for r in results] == [4, 4, 4]
+    for docs in results:
+        scores = [d.score for d in docs]
+        assert scores == sorted(scores, reverse=True) and len({d.id for d in docs}) == 4
+    assert "Lima" in " ".join(d.text for d in results[0])
+    assert [retriever.search([r], k=4)[0] for r in requests] == results
 
 
 def test_gold_answer_in_top5_for_one_hop_dev_questions(retriever):
