@@ -1,5 +1,5 @@
-"""The retrievers' settings (``search.bm25`` / ``search.dense`` / ``search.hybrid``) and those of
-``zerosim eval``.
+"""The retrievers' settings (``search.bm25`` / ``search.dense`` / ``search.hybrid``), the reranker over them
+(``search.rerank``) and the settings of ``zerosim eval``.
 
 ``zerosim eval`` also names the search engine the policy uses (``search.*``): the app composes that part
 (``zerosim.job_config.EvalConfig``); :class:`HarnessConfig` holds the rest.
@@ -63,6 +63,16 @@ class HybridConfig:
     rrf_k: int = ranged(60, ">=0")
     # candidates taken from each engine before fusion
     depth: int = ranged(20, ">=1")
+
+
+@dataclass
+class RerankConfig:
+    # cross-encoder (name or local folder) reranking the real retriever's candidates; None = off
+    model: str | None = None
+    # candidates per search the cross-encoder scores (at least k are taken)
+    depth: int = ranged(20, ">=1")
+    # (query, passage) pairs per cross-encoder forward pass
+    batch_size: int = ranged(32, ">=1")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from zerosim.data.jsonl import write_jsonl
 from zerosim.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
 from zerosim.fsutil import atomic_write_text
 from zerosim.search import SearchEngine
-from zerosim.tracking import log_config, log_jsonl, mlflow_run
+from zerosim.tracking import link_eval_table, log_config, log_jsonl, mlflow_run
 
 
 @dataclass
@@ -219,4 +219,6 @@ def run_eval(
         mlflow.log_text(json.dumps(rows, indent=2, sort_keys=True), "table.json")
         mlflow.log_text(md, "table.md")
         log_jsonl(samples, "samples/trajectories.jsonl")
+        if train_run:  # the training run (and the model it logged) point at this table
+            link_eval_table(train_run, run.info.run_id)
         return EvalResult(run.info.run_id, rows, md, out_dir)

@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from simulators.config import CollectConfig, JudgeConfig
-from simulators.prompts import SimulatorPrompts
+from simulators.prompts import SimulatorPrompts, preset_prompts
 from zerosim.data.jsonl import write_jsonl
 from zerosim.data.qa import QAExample
 from zerosim.fsutil import atomic_write_text
@@ -390,7 +390,7 @@ def run_collect(
     else:
         items = question_queries(questions, retriever, cfg.depth, cfg.batch_size)
     labeler = JudgeLabeler.from_config(cfg.judge) if cfg.label == "judge" else ContainmentLabeler()
-    prompts = SimulatorPrompts.from_file(cfg.prompts_file) if cfg.prompts_file else SimulatorPrompts()
+    prompts = preset_prompts(cfg.prompts, cfg.prompts_file)  # the RL-time templates of that preset
     rows, counts = build_rows(
         items,
         labeler,

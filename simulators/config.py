@@ -30,6 +30,13 @@ class OnShort(StrEnum):
     fill = "fill"
 
 
+class PromptPreset(StrEnum):
+    """The simulator's wording and output parser: zerosim's own, or the format ZeroSearch's simulators learnt."""
+
+    default = "default"
+    zerosearch = "zerosearch"
+
+
 class OnLeak(StrEnum):
     """A noisy document holding a gold answer: ask once more (then relabel), mark it useful, or keep it."""
 
@@ -75,6 +82,8 @@ class SimulatorConfig:
     pass_answers: bool | None = None
     # fewer documents than slots: reask (once, then fill) / fill (explicit failure documents)
     on_short: OnShort = OnShort.reask
+    # prompt preset: default (zerosim's wording) / zerosearch (the format of ZeroSearch's released simulators: Doc i outputs)
+    prompts: PromptPreset = PromptPreset.default
     # YAML/JSON replacing any of the templates useful, noisy, useful_context, noisy_context
     prompts_file: str | None = None
     # noisy doc holding a gold answer: reask (once, then relabel) / relabel (mark it useful) / keep
@@ -145,6 +154,8 @@ class CollectConfig:
     balance: bool = True
     # prompts show question and gold answers (as simulator.pass_answers at RL time)
     pass_answers: bool = True
+    # prompt preset of the SFT rows: default / zerosearch (as simulator.prompts at RL time)
+    prompts: PromptPreset = PromptPreset.default
     # simulator templates file (as simulator.prompts_file at RL time)
     prompts_file: str | None = None
     # questions per retrieval / rollout batch

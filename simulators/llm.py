@@ -45,8 +45,8 @@ from typing import Any
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.cache import CachedSearchEngine
 from simulators.config import OnLeak, OnShort, SimulatorConfig
-from simulators.parsing import split_documents
-from simulators.prompts import SimulatorPrompts, load_prompts
+from simulators.parsing import DOCUMENT_PARSERS
+from simulators.prompts import PRESETS, SimulatorPrompts, load_prompts
 from zerosim.metrics import answer_in_text
 from zerosim.search import Document, SearchError, SearchRequest
 
@@ -75,7 +75,10 @@ class LLMSimulator:
             ``False`` = never). Whether a request carries them is the caller's business: the training
             rollout sends them, evaluation and validation withhold them (:class:`eval.harness.WithheldAnswers`)
             unless ``search.simulator.pass_answers`` is explicitly true.
-        prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`).
+        prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`) replacing
+            any of ``preset``'s.
+        preset: ``"default"`` or ``"zerosearch"`` (:data:`simulators.prompts.PRESETS`): the built-in templates
+            and how the output is cut into documents (:data:`simulators.parsing.DOCUMENT_PARSERS`).
         seed: with the same prompts, the same seed gives the same documents.
         on_short: ``"reask"`` or ``"fill"`` — what to do when fewer documents than slots come back.
         on_leak: ``"reask"``, ``"relabel"`` or ``"keep"`` — what to do with a noisy document holding a gold
@@ -97,7 +100,10 @@ class LLMSimulator:
         seed: int = 0,
         on_short: str = "reask",
         on_leak: str = "reask",
+        preset: str = "default",
     ):
+        if preset not in PRESETS:
+            raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
         if on_short not in tuple(OnShort):
             raise ValueError(f"on_short={on_short!r} is not one of {', '.join(OnShort)}")
         if on_leak not in tuple(OnLeak):
@@ -113,9 +119,13 @@ class LLMSimulator:
         self.temperature = temperature
         self.top_p = top_p
         self.pass_answers = pass_answers is not False  # config null = "training only": requests decide
+        self.preset = str(preset)
         self.prompts = (
-            load_prompts(prompts) if isinstance(prompts, str | Path) else prompts or SimulatorPrompts()
+            load_prompts(prompts, base=PRESETS[self.preset])
+            if isinstance(prompts, str | Path)
+            else prompts or PRESETS[self.preset]
         )
+        self.split_documents = DOCUMENT_PARSERS[self.preset]
         self.seed = seed
         self.on_short = on_short
         self.on_leak = on_leak
@@ -165,6 +175,8 @@ class LLMSimulator:
             "pass_answers": self.pass_answers,
             "on_short": self.on_short,
             "on_leak": self.on_leak,
+            # the preset's parser changes the documents too; left out for default: existing caches stay valid
+            **({"preset": self.preset} if self.preset != "default" else {}),
         }
 
     def close(self) -> None:
@@ -260,7 +272,7 @@ class LLMSimulator:
         """Put each job's parsed documents into its slots; return jobs narrowed to the slots still missing."""
         short = []
         for job, text in zip(jobs, texts, strict=True):
-            parsed = split_documents(text, len(job.slots))
+            parsed = self.split_documents(text, len(job.slots))
             self.stats["documents_parsed"] += len(parsed)
             for slot, doc_text in zip(job.slots, parsed, strict=False):
                 found[job.request_index][slot] = doc_text
@@ -343,6 +355,7 @@ def build_simulator(
         top_p=cfg.top_p,
         pass_answers=cfg.pass_answers,
         prompts=cfg.prompts_file,
+        preset=cfg.prompts,
         on_short=cfg.on_short,
         on_leak=cfg.on_leak,
         seed=seed,

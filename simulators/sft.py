@@ -232,9 +232,15 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the checkpoint directory (written atomically)."""
     import mlflow
 
+    from zerosim.config import ConfigError
     from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.tracking import log_config, log_training_curves, mlflow_run
+    from zerosim.tracking import log_config, log_model, log_training_curves, mlflow_run
 
+    if cfg.tracking.log_model and cfg.lora and not cfg.merge_lora:
+        raise ConfigError(
+            "tracking.log_model=true logs a full checkpoint, and lora=true merge_lora=false saves an adapter "
+            "only: set merge_lora=true (the adapter merged into the model) or tracking.log_model=false"
+        )
     if cfg.objective == "dpo":
         load_preference_dataset(cfg.data, cfg.seed)  # bad data fails before a model is loaded
     else:
@@ -264,5 +270,7 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
         log_training_curves(trainer.state.log_history, "plots/sft.png", plotted)
         mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
         mlflow.set_tag("zerosim.lora_adapter", str(cfg.lora and not cfg.merge_lora).lower())
+        if cfg.tracking.log_model:  # the final simulator as the run's model
+            log_model(target, name="simulator")
     shutil.rmtree(out / "trainer", ignore_errors=True)
     return target

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random Llama with the SmolLM2 tokenizer, a tiny sentence encoder."""
+"""Shared fixtures: a tiny random Llama with the SmolLM2 tokenizer, a tiny sentence encoder and cross-encoder."""
 
 from __future__ import annotations
 
@@ -50,6 +50,32 @@ def tiny_encoder(tmp_path_factory):
     modules = [Transformer(str(root / "bert"), max_seq_length=128), Pooling(32, "mean")]
     SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
     return str(root / "st")
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory):
+    """A 1-layer BERT sequence classifier (1 label, random weights) with the MiniLM vocabulary."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from eval.dense import resolve_encoder
+
+    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        num_labels=1,
+        initializer_range=0.5,  # wide random weights, so pair scores are far apart
+    )
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture

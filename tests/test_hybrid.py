@@ -60,32 +60,6 @@ def test_hybrid_rejects_bad_settings():
         HybridRetriever(FixedEngine([]), FixedEngine([]), depth=0)
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder(tmp_path_factory):
-    """A 1-layer BERT sequence classifier (1 label, random weights) with the MiniLM vocabulary."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from eval.dense import resolve_encoder
-
-    folder = tmp_path_factory.mktemp("tiny-cross-encoder")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-        num_labels=1,
-        initializer_range=0.5,  # wide random weights, so pair scores are far apart
-    )
-    torch.manual_seed(0)
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def test_reranker_orders_by_cross_encoder_score(tiny_cross_encoder):
     engine = FixedEngine([str(i) for i in range(30)])
     reranker = CrossEncoderReranker(engine, tiny_cross_encoder, depth=12)

@@ -14,9 +14,11 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
 
 @pytest.mark.parametrize("engine,warmstart", [("simulator", False), ("bm25", True)])
 def test_cli_train_two_steps_logs_metrics_and_checkpoint(
-    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, engine, warmstart
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, engine, warmstart, monkeypatch
 ):
     import mlflow
+
+    monkeypatch.chdir(tmp_path)  # the store's artifacts (./mlruns, a logged model among them) go to tmp_path
 
     qa, corpus = capitals(8)
     cmd = [
@@ -34,6 +36,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
         "validation.every=1", "validation.max_examples=3", "validation.batch_size=2",
         f"validation.engine={'bm25' if engine == 'simulator' else 'train'}",
         "runtime.threads=1",  # the process computes with one thread (tag zerosim.threads)
+        f"tracking.log_model={engine == 'simulator'}",  # the final policy as the run's MLflow model, once
     ]  # fmt: skip
     zerosim_cli(*cmd)
 
@@ -79,6 +82,16 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     # the last pass, on the first 3 training questions
     assert [r["question"] for r in val_rows] == [f"What is the capital of country {c}?" for c in "ABC"]
     assert {r["step"] for r in val_rows} == {2}
+    if engine == "simulator":  # tracking.log_model: the model, its config and validation table linked
+        tags, run_id = run.data.tags, run.info.run_id
+        assert tags["zerosim.config"] == f"runs:/{run_id}/config.yaml"
+        assert tags["zerosim.validation_table"] == f"runs:/{run_id}/samples/validation.jsonl"
+        (model,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+        assert tags["zerosim.model_uri"] == model.model_uri and model.name == "policy"
+        assert model.source_run_id == run_id
+        assert "transformers" in mlflow.models.get_model_info(model.model_uri).flavors
+    else:
+        assert "zerosim.model_uri" not in run.data.tags
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce", "reinforce_pp", "ppo"])

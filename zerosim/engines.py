@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from curricula.config import CurriculumConfig, MixedConfig
-from eval.config import BM25Config, DenseConfig, HybridConfig
+from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
 from zerosim.config import EMBEDDED_DATA, ConfigError, ranged
@@ -41,6 +41,22 @@ class SearchConfig:
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     http: HTTPConfig = field(default_factory=HTTPConfig)
     mixed: MixedConfig = field(default_factory=MixedConfig)
+    # a cross-encoder over the real retriever (bm25, dense, hybrid, http; mixed's real part)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+
+    def validate(self, prefix: str) -> None:
+        """A reranker needs a real retriever under it: the simulator writes its documents, it ranks none."""
+        if self.engine == EngineName.simulator and self.rerank.model is not None:
+            raise ConfigError(rerank_refusal(prefix))
+
+
+def rerank_refusal(prefix: str = "search.") -> str:
+    """Why ``{prefix}rerank.model`` cannot go with ``{prefix}engine=simulator``, and the fix."""
+    return (
+        f"{prefix}rerank.model reranks a real retriever's candidates, but {prefix}engine=simulator has none "
+        f"(the simulator writes its documents). Fix: set {prefix}rerank.model=null, or {prefix}engine="
+        "bm25|dense|hybrid|http (or mixed: its real part is reranked)"
+    )
 
 
 def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
@@ -65,7 +81,7 @@ def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
     if cfg.engine == "simulator":
         return None  # it writes noisy documents itself
     if cfg.engine == "http":
-        return engine.noise_problem()
+        return unwrap_rerank(engine).noise_problem()
     if getattr(engine, "honours_noise", False):
         return None
     return f"search.negatives={cfg.negatives} leaves the {cfg.engine} retriever's noisy slots unfilled"
@@ -189,6 +205,8 @@ def build_search_engine(
     ``total_steps`` (the run's ``trainer.max_steps``) is the length of ``search.engine=mixed``'s real-share
     schedule unless ``search.mixed.total_steps`` sets it.
     """
+    if cfg.engine == "simulator" and cfg.rerank.model is not None:
+        raise ConfigError(rerank_refusal())
     if cfg.engine == "mixed":
         engine = _mixed(cfg, seed=seed, dtype=dtype, total_steps=total_steps)
     else:
@@ -224,35 +242,83 @@ def _mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None)
     return MixedSearchEngine(simulator, real, share=share, seed=seed)
 
 
+def rerank_source(model: str, key: str = "search.rerank.model") -> str:
+    """Where the cross-encoder ``model`` comes from: ``"local folder"`` or ``"Hugging Face id"``; a path-like
+    name that does not exist, or a folder without ``config.json``, raises :class:`ConfigError` naming ``key``."""
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"{key}: {path} has no config.json; point it at a cross-encoder folder (sentence-transformers "
+                "or transformers save_pretrained output) or a Hugging Face id"
+            )
+        return "local folder"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model:
+        raise ConfigError(
+            f"{key}: {model} does not exist; pass a cross-encoder folder or a Hugging Face id (e.g. "
+            f"cross-encoder/ms-marco-MiniLM-L-6-v2), or {key}=null for no reranking"
+        )
+    return "Hugging Face id"
+
+
+def reranked(retriever: SearchEngine, cfg: SearchConfig, *, engine_fills_noise: bool = False) -> SearchEngine:
+    """``retriever`` under ``search.rerank``'s cross-encoder (:class:`eval.rerank.CrossEncoderReranker`), or
+    as it is when ``search.rerank.model`` is unset."""
+    if cfg.rerank.model is None:
+        return retriever
+    from eval.rerank import CrossEncoderReranker
+
+    r = cfg.rerank
+    rerank_source(r.model)  # a missing folder: a ConfigError naming the key, before sentence-transformers
+    return CrossEncoderReranker(
+        retriever, r.model, depth=r.depth, batch_size=r.batch_size, engine_fills_noise=engine_fills_noise
+    )
+
+
+def unwrap_rerank(engine: SearchEngine) -> SearchEngine:
+    """The engine under a :func:`reranked` one (itself when it is not reranked)."""
+    from eval.rerank import CrossEncoderReranker
+
+    return engine.engine if isinstance(engine, CrossEncoderReranker) else engine
+
+
 def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
+    # the reranker sits under the corpus negatives: useful slots take the reranked top, hard negatives the
+    # reranked ranks k+1..; over http the server fills the noisy slots and the useful ones are reranked
     if cfg.engine == "simulator":
         return build_simulator(cfg.simulator, seed=seed, dtype=dtype)
     if cfg.engine == "bm25":
         sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
-        return with_negatives(sparse, sparse.docs, cfg, seed)
+        return with_negatives(reranked(sparse, cfg), sparse.docs, cfg, seed)
     if cfg.engine == "dense":
         dense = _dense(cfg)
-        return with_negatives(dense, dense.docs, cfg, seed)
+        return with_negatives(reranked(dense, cfg), dense.docs, cfg, seed)
     if cfg.engine == "hybrid":
         from eval.hybrid import HybridRetriever
 
         sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
         hybrid = HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
-        return with_negatives(hybrid, sparse.docs, cfg, seed)
+        return with_negatives(reranked(hybrid, cfg), sparse.docs, cfg, seed)
     if cfg.engine == "http":
-        from zerosim.http_search import HTTPSearchEngine
-
-        h = cfg.http
-        return HTTPSearchEngine(
-            h.url,
-            connect_timeout=h.connect_timeout,
-            read_timeout=h.read_timeout,
-            retries=h.retries,
-            max_connections=h.max_connections,
-            negatives=cfg.negatives,
-            negatives_depth=cfg.negatives_depth,
-            seed=seed,
-        )
+        return reranked(_http(cfg, seed), cfg, engine_fills_noise=True)
     raise ValueError(
         f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http, mixed"
+    )
+
+
+def _http(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from zerosim.http_search import HTTPSearchEngine
+
+    h = cfg.http
+    return HTTPSearchEngine(
+        h.url,
+        connect_timeout=h.connect_timeout,
+        read_timeout=h.read_timeout,
+        retries=h.retries,
+        max_connections=h.max_connections,
+        negatives=cfg.negatives,
+        negatives_depth=cfg.negatives_depth,
+        seed=seed,
     )

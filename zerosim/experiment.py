@@ -40,7 +40,7 @@ from zerosim.config import EMBEDDED_MODEL, ConfigError, load_config
 from zerosim.data.jsonl import read_jsonl
 from zerosim.fsutil import atomic_write_text
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
-from zerosim.rewards import Metric
+from zerosim.rewards import METRICS as ANSWER_METRICS
 from zerosim.runtime import RuntimeConfig
 from zerosim.tracking import TrackingConfig
 from zerosim.train_config import TrainConfig
@@ -689,7 +689,7 @@ def run_experiment(
 
 
 # -- report ------------------------------------------------------------------------------------------------
-METRICS = tuple(m.value for m in Metric)  # em, f1, cover_em
+METRICS = tuple(m.value for m in ANSWER_METRICS)  # em, f1, cover_em (the judge is a training reward only)
 
 
 def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:

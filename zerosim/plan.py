@@ -85,6 +85,22 @@ def _url(url: str, what: str) -> str:
     return url
 
 
+def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """The LLM judge a reward asks (``reward.metric=judge`` or a ``judge`` weight): where, which model, how long."""
+    if not cfg.reward.uses_judge():
+        return []
+    j = cfg.reward.judge
+    where = _url(j.url or "", "reward.judge.url")
+    bound = j.retries * (j.connect_timeout + j.read_timeout)
+    return [
+        (
+            "judge",
+            f"{j.model} at {where} (/v1/{'chat/completions' if j.api == 'chat' else 'completions'}, yes/no, "
+            f"cached per question and answer), {j.retries} attempts, <= {bound:g}s per request",
+        )
+    ]
+
+
 def _mixed(cfg: TrainConfig) -> str:
     """``search.engine=mixed``: which real retriever takes which share of the searches, over the run."""
     from curricula.mixed import share_schedule
@@ -126,7 +142,9 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
             from simulators.prompts import SimulatorPrompts
 
             SimulatorPrompts.from_file(sim.prompts_file)  # a malformed templates file fails here
-            rows.append(("simulator prompts", sim.prompts_file))
+        if sim.prompts != "default" or sim.prompts_file is not None:
+            templates = f", templates from {sim.prompts_file}" if sim.prompts_file is not None else ""
+            rows.append(("simulator prompts", f"{sim.prompts} preset{templates}"))
     if "http" in kinds:
         rows.append(
             (
@@ -142,9 +160,22 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
         _exists(s.dense.corpus, "search.dense.corpus", "corpus file")
         _exists(s.dense.index_dir, "search.dense.index_dir", "index folder")
         rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
+    if s.rerank.model is not None:
+        rows.append(("reranker", _rerank(s.rerank, "search.rerank", kinds - {"simulator"})))
     if s.engine != "simulator":
         rows.append(("noise over a real retriever", s.negatives))
     return rows
+
+
+def _rerank(r, key: str, kinds: set[str]) -> str:
+    """``search.rerank``: the cross-encoder (a local folder checked, as start-up would) and how deep it reads."""
+    from zerosim.engines import rerank_source
+
+    source = rerank_source(r.model, f"{key}.model")  # a missing folder: ConfigError naming the key
+    if source != "local folder":
+        source += ", read from the HF cache or fetched at start"
+    over = "/".join(sorted(kinds))
+    return f"{r.model} ({source}) reorders the top {r.depth} {over} candidates of each search"
 
 
 def _validation(cfg: TrainConfig) -> str:
@@ -170,7 +201,10 @@ def _warmstart(cfg: TrainConfig) -> str:
     if w.reuse and (final / "config.json").is_file():
         return f"reuses {final}"
     data = _data(w.data, w.split, "warmstart.data")
-    return f"{w.num_examples} trajectories from {data}, {w.max_steps} steps"
+    search = f"{w.search.engine}"
+    if w.search.rerank.model is not None:
+        search += ", " + _rerank(w.search.rerank, "warmstart.search.rerank", {str(w.search.engine)})
+    return f"{w.num_examples} trajectories from {data} over {search}, {w.max_steps} steps"
 
 
 def _threads(cfg: TrainConfig) -> str:
@@ -241,6 +275,7 @@ def plan(
         ("rollout", f"<= {r.max_turns} turns, {r.max_new_tokens} tokens/turn, {r.max_obs_tokens} tokens/observation, {r.max_completion_tokens} in all"),
         ("curriculum", f"{c.schedule} ({c.granularity}): p = {curve}"),
         ("reward", ", ".join(f"{k} {v:g}" for k, v in (cfg.reward.weights or {cfg.reward.metric: 1.0}).items()) + f", format {cfg.reward.format_weight:g}"),
+        *_judge(cfg),
         ("generation", generation),
         ("validation", _validation(cfg)),
         ("checkpoints", f"every {t.save_steps} steps, {t.save_total_limit} kept" if t.save_steps else "final only" if t.save_final else "none"),

@@ -29,6 +29,8 @@ class TrackingConfig:
     sample_every: int = ranged(1, ">=1")
     # nest this job's run under that active MLflow run (set by zerosim experiment)
     parent_run_id: str | None = None
+    # log the final checkpoint to the run as an MLflow model (transformers flavour; the folder is copied in)
+    log_model: bool = False
 
 
 def configure(tracking: TrackingConfig, experiment: bool = True) -> None:
@@ -162,6 +164,59 @@ def log_config(cfg: Any, prefix: str = "") -> None:
     params = {f"{prefix}{k}": ("None" if v is None else v) for k, v in flatten(cfg).items()}
     mlflow.log_params(params)
     mlflow.log_text(to_yaml(cfg), "config.yaml")
+
+
+def log_model(
+    checkpoint: str | os.PathLike, *, name: str = "model", validation_table: str | None = None
+) -> str:
+    """The saved checkpoint folder as the active run's MLflow model (``tracking.log_model``); its URI.
+
+    Logged with ``mlflow.transformers.log_model`` from the folder itself (task ``text-generation``): nothing
+    is loaded or saved again, the files are copied into the run's artifacts, and
+    ``mlflow.transformers.load_model(uri)`` gives the model back (docs/tracking.md). The model (metadata and
+    tags) and the run (tags) link the run's ``config.yaml`` (``zerosim.config``) and, where the run has one,
+    its validation table (``validation_table``, an artifact path of the run: ``zerosim.validation_table``);
+    the run is tagged ``zerosim.model_uri``. A later ``zerosim eval`` of the checkpoint links its table
+    (:func:`link_eval_table`).
+    """
+    import mlflow
+    import mlflow.transformers
+
+    run = mlflow.active_run()
+    if run is None:
+        raise RuntimeError("log_model needs an active MLflow run (mlflow_run)")
+    links = {"zerosim.config": f"runs:/{run.info.run_id}/config.yaml"}
+    if validation_table is not None:
+        links["zerosim.validation_table"] = f"runs:/{run.info.run_id}/{validation_table}"
+    from importlib.metadata import version
+
+    # what loading it back needs, pinned to this environment (MLflow's own default list asks for torchvision)
+    requirements = [
+        f"{p}=={version(p).split('+')[0]}" for p in ("torch", "transformers", "tokenizers", "safetensors")
+    ]
+    info = mlflow.transformers.log_model(
+        str(checkpoint),
+        name=name,
+        task="text-generation",
+        metadata=links,
+        tags=links,
+        pip_requirements=requirements,
+    )
+    mlflow.set_tags({**links, "zerosim.model_uri": info.model_uri})
+    return info.model_uri
+
+
+def link_eval_table(train_run_id: str, eval_run_id: str, artifact: str = "table.json") -> None:
+    """Tag the run that trained an evaluated checkpoint, and the model it logged (``zerosim.model_uri``),
+    with ``zerosim.eval_table`` = the eval run's ``artifact`` (the latest evaluation wins)."""
+    import mlflow
+
+    link = {"zerosim.eval_table": f"runs:/{eval_run_id}/{artifact}"}
+    client = mlflow.MlflowClient()
+    client.set_tag(train_run_id, "zerosim.eval_table", link["zerosim.eval_table"])
+    model_uri = client.get_run(train_run_id).data.tags.get("zerosim.model_uri", "")
+    if model_uri.startswith("models:/"):
+        mlflow.set_logged_model_tags(model_uri.removeprefix("models:/"), link)
 
 
 def log_jsonl(rows: Iterable[Mapping[str, Any]], artifact_file: str) -> None:

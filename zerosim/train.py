@@ -32,9 +32,16 @@ from zerosim.distributed import broadcast_object, process_state, shared_atomic_d
 from zerosim.engines import build_search_engine, curriculum_adds_noise
 from zerosim.fsutil import atomic_directory, atomic_write_text
 from zerosim.models import load_causal_lm, load_tokenizer
-from zerosim.rewards import make_reward_func
+from zerosim.rewards import build_judge, make_reward_func
 from zerosim.rollout import SearchRollout, build_prompt
-from zerosim.tracking import log_config, log_jsonl, log_training_curves, mlflow_run, trainer_mlflow_callback
+from zerosim.tracking import (
+    log_config,
+    log_jsonl,
+    log_model,
+    log_training_curves,
+    mlflow_run,
+    trainer_mlflow_callback,
+)
 from zerosim.train_config import TrainConfig
 from zerosim.trainer import Critic, SearchTrainer, algorithm_args, cpu_autocast_bf16
 from zerosim.trl_rollout import TRLRollout
@@ -82,7 +89,8 @@ def build_dataset(examples: list):
         known = answers.setdefault(prompt, [])
         known += [a for a in ex.golden_answers if a not in known]
     prompts = [build_prompt(ex.question) for ex in examples]
-    rows = [{"prompt": p, "golden_answers": list(answers[p])} for p in prompts]
+    # the question too: the LLM judge reward (reward.metric=judge) asks about it
+    rows = [{"prompt": p, "question": questions[p], "golden_answers": list(answers[p])} for p in prompts]
     table = {p: (questions[p], tuple(answers[p])) for p in answers}
     return Dataset.from_list(rows), table
 
@@ -235,7 +243,7 @@ def instrumented(schedule, reward_func, procs=None):
 
     def reward(*args, trainer_state=None, log_metric=None, **kwargs):
         started = time.perf_counter()
-        rewards = reward_func(*args, **kwargs)
+        rewards = reward_func(*args, log_metric=log_metric, **kwargs)  # the judge logs judge/* through it
         if log_metric is not None:
             log_metric("time/reward_s", time.perf_counter() - started)
             for name, value in reward_by_source(rewards, kwargs.get("search_source")).items():
@@ -443,6 +451,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         cfg.reward.format_weight,
                         step_rewards=step_weights(cfg) is not None,
                         weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
+                        judge=build_judge(cfg.reward),  # reward.metric=judge: its server checked here
                     ),
                     procs,
                 )
@@ -499,6 +508,11 @@ def train(cfg: TrainConfig) -> TrainResult:
 
                 mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
                 mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
+                if cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
+                    table = (
+                        "samples/validation.jsonl" if validation is not None and validation.history else None
+                    )
+                    log_model(checkpoint, name="policy", validation_table=table)
         return TrainResult(
             run_id=run_id,
             checkpoint=checkpoint,
