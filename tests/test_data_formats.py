@@ -166,7 +166,7 @@ def _search_r1_row(i: int, question: str, answers: list[str], source: str = "nq"
     }
 
 
-def test_search_r1_training_parquet_loads_as_questions_with_answers(tmp_path):
+def test_search_r1_training_parquet_loads_as_questions_with_answers(tmp_path, zerosim_cli, monkeypatch):
     import pandas as pd
 
     from zerosim.data.qa import parse_qa_row
@@ -184,6 +184,12 @@ def test_search_r1_training_parquet_loads_as_questions_with_answers(tmp_path):
     for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
         assert type(row["reward_model"]["ground_truth"]["target"]).__name__ == "ndarray"
         assert parse_qa_row(f"{path} row {i + 1}", row, i) == (first, second)[i]
+    # the dry run reads it as training data
+    monkeypatch.chdir(tmp_path)
+    shown = " ".join(
+        zerosim_cli("train", "--dry-run", f"data.train={path}", env={"WORLD_SIZE": None}).stdout.split()
+    )
+    assert str(path) in shown and "2 questions" in shown
 
 
 def test_search_r1_rows_prefer_the_question_and_id_columns(tmp_path):

@@ -90,6 +90,14 @@ def test_imported_search_r1_index_is_served_by_the_dense_engine(
         assert hits[0].id == str(row) and hits[0].score == pytest.approx(1.0, abs=1e-4)
         assert hits[0].title == CITIES[row]  # title unquoted, non-ASCII decoded (Zürich)
 
+    # the dry run reads the manifest: what the index is, and the encoder it needs, checked before any load
+    keys = ["train", "--dry-run", "search.engine=dense", f"search.dense.index_dir={out}"]
+    table = zerosim_cli(*keys, f"search.dense.encoder={tiny_encoder}").stdout
+    flat = "".join(ch for ch in table if not ch.isspace() and ch != "│")  # the wrapped cells, read on
+    assert f"{len(contents)}passages" in flat and f"importedfrom{faiss_file}".replace(" ", "") in flat, table
+    refused = zerosim_cli(*keys, code=2)  # search.dense.encoder left at minilm
+    assert f"set search.dense.encoder={tiny_encoder}" in " ".join(refused.stderr.split())
+
 
 def test_count_mismatch_names_both_numbers_and_writes_nothing(search_r1, tiny_encoder, tmp_path, zerosim_cli):
     faiss_file, _, contents = search_r1

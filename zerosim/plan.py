@@ -159,12 +159,39 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
     if kinds & {"dense", "hybrid"}:
         _exists(s.dense.corpus, "search.dense.corpus", "corpus file")
         _exists(s.dense.index_dir, "search.dense.index_dir", "index folder")
-        rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
+        if s.dense.index_dir:
+            rows.append(("dense index", _dense_index(s.dense)))
+        else:
+            rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
     if s.rerank.model is not None:
         rows.append(("reranker", _rerank(s.rerank, "search.rerank", kinds - {"simulator"})))
     if s.engine != "simulator":
         rows.append(("noise over a real retriever", s.negatives))
     return rows
+
+
+def _dense_index(d) -> str:
+    """``search.dense.index_dir``: its manifest read (a built or imported index), and the encoder it needs
+    checked against ``search.dense.encoder``, as loading would (without loading the encoder)."""
+    from eval.dense import resolve_encoder
+    from eval.index import read_manifest
+
+    manifest = read_manifest(d.index_dir)
+    if manifest["kind"] != "dense":
+        raise ConfigError(
+            f"search.dense.index_dir={d.index_dir} holds a {manifest['kind']} index; point it at a dense one"
+        )
+    built = manifest["dense"]
+    if resolve_encoder(d.encoder)[0] != built["encoder"]:
+        raise ConfigError(
+            f"search.dense.index_dir={d.index_dir} was encoded with {built['encoder']}, but search.dense.encoder="
+            f"{d.encoder}: set search.dense.encoder={built['encoder']}"
+        )
+    origin = "imported from " + manifest["imported"]["faiss"] if "imported" in manifest else "built"
+    return (
+        f"{d.index_dir}: {manifest['corpus']['passages']} passages, {built['encoder']} "
+        f"({built['dimension']}-d, {built.get('metric') or 'ip'}), {origin}"
+    )
 
 
 def _rerank(r, key: str, kinds: set[str]) -> str:
