@@ -24,17 +24,12 @@ def tokenizer(tiny_model_dir):
     return load_tokenizer(str(tiny_model_dir))
 
 
-@pytest.fixture(scope="session")
-def tiny_encoder(tmp_path_factory):
-    """A 1-layer 32-d BERT with random weights and the MiniLM vocabulary, saved as a sentence-transformers folder."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def _tiny_bert(**extra):
+    """The MiniLM tokenizer and a 1-layer 32-d BERT config over its vocabulary (``extra`` added)."""
+    from transformers import AutoTokenizer, BertConfig
 
     from eval.dense import resolve_encoder
 
-    root = tmp_path_factory.mktemp("tiny-encoder")
     tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
@@ -43,7 +38,21 @@ def tiny_encoder(tmp_path_factory):
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=256,
+        **extra,
     )
+    return tokenizer, config
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """A 1-layer 32-d BERT with random weights and the MiniLM vocabulary, saved as a sentence-transformers folder."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import BertModel
+
+    root = tmp_path_factory.mktemp("tiny-encoder")
+    tokenizer, config = _tiny_bert()
     torch.manual_seed(0)
     BertModel(config).save_pretrained(root / "bert")
     tokenizer.save_pretrained(root / "bert")
@@ -56,22 +65,11 @@ def tiny_encoder(tmp_path_factory):
 def tiny_cross_encoder(tmp_path_factory):
     """A 1-layer BERT sequence classifier (1 label, random weights) with the MiniLM vocabulary."""
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from eval.dense import resolve_encoder
+    from transformers import BertForSequenceClassification
 
     folder = tmp_path_factory.mktemp("tiny-cross-encoder")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_encoder("minilm")[1])
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-        num_labels=1,
-        initializer_range=0.5,  # wide random weights, so pair scores are far apart
-    )
+    # wide random weights, so pair scores are far apart
+    tokenizer, config = _tiny_bert(num_labels=1, initializer_range=0.5)
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -1,4 +1,5 @@
 import pytest
+from helpers.scripted import ScriptedBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,22 +103,6 @@ def test_split_documents_drops_a_preamble_before_the_markers(texts, preamble):
 
 
 # -- short output: re-ask or fill (a scripted backend) ----------------------------------------------------
-
-
-class ScriptedBackend:
-    """Answers each call with the next list of texts (padded with empty texts); records the prompts."""
-
-    def __init__(self, *answers: list[str]):
-        self.answers = list(answers)
-        self.calls: list[list[str]] = []
-
-    def complete(self, prompts, *, max_new_tokens, temperature, top_p, seed):
-        self.calls.append(list(prompts))
-        texts = self.answers.pop(0) if self.answers else []
-        return [*texts, *[""] * (len(prompts) - len(texts))][: len(prompts)]
-
-    def describe(self):
-        return {"backend": "scripted", "model": "none"}
 
 
 def test_reask_asks_once_for_the_missing_slots_only():

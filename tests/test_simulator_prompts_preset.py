@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.scripted import ScriptedBackend
 
 from simulators.collect import run_collect
 from simulators.config import PromptPreset, SimulatorConfig
@@ -17,22 +18,6 @@ from zerosim.job_config import SimulatorCollectConfig
 from zerosim.search import Document, SearchRequest
 
 QUESTION, ANSWERS = "What is the capital of Peru?", ("Lima", "Ciudad de los Reyes")
-
-
-class ScriptedBackend:
-    """Answers each call with the next list of texts (padded with empty texts); records the prompts."""
-
-    def __init__(self, *answers: list[str]):
-        self.answers = list(answers)
-        self.calls: list[list[str]] = []
-
-    def complete(self, prompts, *, max_new_tokens, temperature, top_p, seed):
-        self.calls.append(list(prompts))
-        texts = self.answers.pop(0) if self.answers else []
-        return [*texts, *[""] * (len(prompts) - len(texts))][: len(prompts)]
-
-    def describe(self):
-        return {"backend": "scripted", "model": "none"}
 
 
 # -- the zerosearch templates ------------------------------------------------------------------------------
