@@ -132,7 +132,10 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert manifest["seeds"] == [0] and "torch" in manifest["versions"]
     assert set(manifest["stages"]) == set(stages) - {"report"}
     assert all(s["seconds"] > 0 and s["config"] for s in manifest["stages"].values())
+    # how much of the CPU other processes took while each stage ran (Linux), shown beside its time
+    assert all(0 <= s["others_cpu"] <= 1 for s in manifest["stages"].values())
     md = (root / "report.md").read_text()
+    assert "| stage | minutes | other processes' CPU |" in md
     assert sum(line.startswith("- ") for line in md.splitlines()) == len(report["comparisons"])
     assert (root / "report.png").stat().st_size > 1000
 
@@ -212,3 +215,113 @@ def test_stage_keys_follow_what_a_stage_depends_on(tmp_path):
         "sim-sft", "sim-dpo", "sim-quality", "train-sim-s0", "train-sim-nocurriculum-s0", "train-mixed-s0",
         "eval-sim-s0-bm25", "eval-sim-nocurriculum-s0-bm25", "eval-mixed-s0-bm25", "report",
     }  # fmt: skip
+
+
+SNAPSHOT = ROOT / "tests" / "snapshots" / "stage_key_defaults.json"
+
+
+def test_stage_key_defaults_are_pinned():
+    """A stage's key holds only its settings that differ from their defaults, so a changed default would let a
+    finished stage be reused although it computed something else. Any change to a default (or a new setting)
+    fails here until the snapshot is rewritten: `ZEROSIM_UPDATE_SNAPSHOTS=1 pytest tests/test_experiment.py -k
+    pinned`, with `KEY_DEFAULTS_VERSION` bumped where the change alters what a stage computes."""
+    import os
+
+    from zerosim.experiment import KEY_DEFAULTS_VERSION, STAGE_SCHEMAS, schema_defaults
+
+    current = {
+        "version": KEY_DEFAULTS_VERSION,
+        "defaults": {s.__name__: schema_defaults(s) for s in sorted(set(STAGE_SCHEMAS.values()), key=str)},
+    }
+    if os.environ.get("ZEROSIM_UPDATE_SNAPSHOTS"):
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+    pinned = json.loads(SNAPSHOT.read_text())
+    differences = []
+    for schema, defaults in current["defaults"].items():
+        old = pinned["defaults"].get(schema, {})
+        for key in sorted(set(defaults) | set(old)):
+            if defaults.get(key, "<missing>") != old.get(key, "<missing>"):
+                differences.append(
+                    f"{schema}.{key}: {old.get(key, '<missing>')!r} -> {defaults.get(key, '<missing>')!r}"
+                )
+    assert not differences and pinned["version"] == KEY_DEFAULTS_VERSION, (
+        "stage-key defaults changed:\n  "
+        + "\n  ".join(differences)
+        + "\nA changed default that changes what a "
+        "stage computes needs KEY_DEFAULTS_VERSION bumped (zerosim/experiment.py); a new setting whose default "
+        "changes nothing needs no bump. Then rewrite the snapshot: ZEROSIM_UPDATE_SNAPSHOTS=1 pytest "
+        "tests/test_experiment.py -k pinned"
+    )
+
+
+def test_a_new_setting_at_its_default_re_keys_no_stage(tmp_path, monkeypatch):
+    """A release that adds settings (top-level or nested) at defaults re-keys no finished stage; setting the
+    new one in one arm re-keys that arm and the report only."""
+    from dataclasses import dataclass, field
+
+    import zerosim.experiment as experiment
+    from zerosim.engines import SearchConfig
+    from zerosim.job_config import EvalConfig
+    from zerosim.train_config import TrainConfig
+
+    def keys(*overrides):
+        cfg = experiment.load_experiment(
+            SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides]
+        )
+        return {s.name: s.key for s in experiment.build_stages(cfg, tmp_path / "root")}
+
+    base = keys()
+
+    @dataclass
+    class NextSearch(SearchConfig):
+        new_filter: float = 0.0
+
+    @dataclass
+    class NextTrain(TrainConfig):
+        search: NextSearch = field(default_factory=NextSearch)
+        new_knob: bool = False
+
+    @dataclass
+    class NextEval(EvalConfig):
+        search: NextSearch = field(default_factory=lambda: NextSearch(engine="bm25"))
+
+    monkeypatch.setattr(experiment, "TrainConfig", NextTrain)
+    monkeypatch.setattr(experiment, "EvalConfig", NextEval)
+    for kind, schema in {"warmstart": NextTrain, "train": NextTrain, "eval": NextEval}.items():
+        monkeypatch.setitem(experiment.STAGE_SCHEMAS, kind, schema)
+    assert keys() == base
+    changed = keys("arms.real.overrides=[search.engine=bm25,search.new_filter=0.5]")
+    assert {n for n in base if changed[n] != base[n]} == {"train-real-s0", "eval-real-s0-bm25", "report"}
+
+
+def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
+    """A stage timed beside other CPU-bound work (or in an older record without the measurement) does not
+    set the rate the dry run estimates with; one timed on a quiet machine does."""
+    from zerosim.experiment import RATES, build_stages, estimates, load_experiment
+    from zerosim.runtime import CPUTimes, others_cpu_share
+
+    # 20 s of wall on 2 cores; this process used 25 CPU seconds and the machine 35: others took 10 of 40
+    start, end = CPUTimes(100.0, 5.0, 2, 0.0), CPUTimes(135.0, 30.0, 2, 20.0)
+    assert others_cpu_share(start, end) == pytest.approx(0.25)
+    assert others_cpu_share(None, end) is None
+
+    root = tmp_path / "root"
+    cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
+    stages = build_stages(cfg, root)
+    sft = next(s for s in stages if s.kind == "sft")
+    shipped = estimates(stages, root)[sft.name]
+    assert shipped == pytest.approx(sft.estimate_s)
+
+    def finished(seconds, **extra):
+        sft.dir(root).mkdir(parents=True, exist_ok=True)
+        record = {"key": sft.key, "seconds": seconds, **extra}
+        (sft.dir(root) / "stage.json").write_text(json.dumps(record))
+
+    slow = 15.0 + 100 * RATES["sft"] * sft.config.max_steps
+    finished(slow, others_cpu=0.6)  # contended: 100x the quiet rate
+    assert estimates(stages, root)[sft.name] == pytest.approx(shipped)
+    finished(slow)  # no measurement (an older record)
+    assert estimates(stages, root)[sft.name] == pytest.approx(shipped)
+    finished(slow, others_cpu=0.02)  # quiet: this machine is that slow
+    assert estimates(stages, root)[sft.name] == pytest.approx(slow)

@@ -15,16 +15,19 @@ one experiment config, runs the jobs as *stages* in order, and writes a report.
 - *report*: EM / F1 / cover-EM per arm × dataset × engine with 95% bootstrap intervals over questions, and
   paired differences against the reference arm (``report.json``, ``report.md``, ``report.png``).
 
-Every stage is keyed by a fingerprint of its inputs (its job's resolved config, the experiment root written
-as ``<root>``, and the keys of the stages it reads from). A stage whose ``stage.json`` holds the same key is
+Every stage is keyed by a fingerprint of its inputs (its job's settings that differ from their defaults, the
+version of those defaults, the experiment root written as ``<root>``, and the keys of the stages it reads
+from), so a release that adds a setting at a neutral default re-runs nothing. A stage whose ``stage.json`` holds the same key is
 reused; a killed stage (no ``stage.json``) runs again — a training stage continues from its last checkpoint —
-and a changed input re-runs that stage and everything downstream of it. The MLflow parent run of the
-experiment holds every stage's run as a nested run.
+and a changed input re-runs that stage and everything downstream of it. Each stage records its wall time and
+how much of the CPU other processes took meanwhile; only stages timed on a quiet machine teach the dry run's
+estimates. The MLflow parent run of the experiment holds every stage's run as a nested run.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -41,7 +44,7 @@ from zerosim.data.jsonl import read_jsonl
 from zerosim.fsutil import atomic_write_text
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
 from zerosim.rewards import METRICS as ANSWER_METRICS
-from zerosim.runtime import RuntimeConfig
+from zerosim.runtime import RuntimeConfig, cpu_times, others_cpu_share
 from zerosim.tracking import TrackingConfig
 from zerosim.train_config import TrainConfig
 
@@ -203,14 +206,62 @@ def _plain(obj: Any) -> Any:
     return asdict(obj) if is_dataclass(obj) else obj
 
 
+# The schema each stage kind's job reads.
+STAGE_SCHEMAS: dict[str, type] = {
+    "collect": SimulatorCollectConfig,
+    "sft": SimulatorTrainConfig,
+    "dpo": SimulatorTrainConfig,
+    "quality": SimulatorEvalConfig,
+    "warmstart": TrainConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+}
+# A stage's key holds only the settings that differ from their schema's defaults, so a release that adds a
+# setting at a default that changes nothing does not re-run finished stages. A release that changes a default
+# changes what a stage computes without changing those settings: it bumps this version, which every key holds.
+# tests/test_experiment.py pins the defaults (tests/snapshots/stage_key_defaults.json) and fails on any change
+# until the snapshot is rewritten, with the version bumped where a changed default changes results.
+KEY_DEFAULTS_VERSION = 1
+UNSET = "<unset>"  # a default's setting that a config lacks (a removed dict entry)
+
+
+def _leaves(config: Any) -> dict[str, Any]:
+    """``{"trainer.learning_rate": 1e-06, ...}``: every leaf of a config as plain JSON (lists are leaves)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(json.loads(json.dumps(_plain(config), default=str)), "")
+    return out
+
+
+@functools.cache
+def schema_defaults(schema: type) -> dict[str, Any]:
+    """Every setting of a job's schema at its default, as dotted leaves."""
+    return _leaves(schema())
+
+
+def changed_settings(config: Any, schema: type) -> dict[str, Any]:
+    """The leaves of ``config`` that differ from ``schema``'s defaults (where runs are logged left out)."""
+    current, defaults = _leaves(config), schema_defaults(schema)
+    changed = {k: v for k, v in current.items() if k not in defaults or defaults[k] != v}
+    changed.update({k: UNSET for k in defaults if k not in current})
+    return {k: v for k, v in changed.items() if not k.startswith("tracking.")}
+
+
 def _fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
-    """The stage's key: what its result depends on. Where it is logged (``tracking``) is left out, so moving
-    the MLflow store or naming another experiment does not re-run finished work."""
-    config = _plain(stage.config)
-    if isinstance(config, dict):
-        config = {k: v for k, v in config.items() if k != "tracking"}
+    """The stage's key: what its result depends on — its settings that differ from their defaults, the version
+    of those defaults, and the keys of the stages it reads. Where it is logged (``tracking``) is left out, so
+    moving the MLflow store or naming another experiment does not re-run finished work."""
+    config = None if stage.config is None else changed_settings(stage.config, STAGE_SCHEMAS[stage.kind])
     payload = {
         "kind": stage.kind,
+        "defaults": KEY_DEFAULTS_VERSION,
         "config": config,
         "meta": stage.meta,
         "deps": {d: keys[d] for d in stage.deps},
@@ -466,13 +517,26 @@ def status(stage: Stage, root: Path) -> str:
     return "run"
 
 
+# A stage during which other processes took more than this share of the machine's CPU ran contended: its
+# time says little about this job's speed (on 2 cores, several-fold slower), so no estimate learns from it.
+CONTENDED_SHARE = 0.25
+
+
+def ran_quiet(record: dict[str, Any]) -> bool:
+    """Whether a finished stage's time was taken with the machine to itself (None: not measurable here,
+    e.g. not Linux, taken as quiet; no entry: an older record whose conditions are unknown)."""
+    if "others_cpu" not in record:
+        return False
+    return record["others_cpu"] is None or record["others_cpu"] <= CONTENDED_SHARE
+
+
 def _learned_rates(stages: Sequence[Stage], root: Path) -> dict[str, float]:
-    """Seconds per unit of each kind, from the stages of this experiment that finished."""
+    """Seconds per unit of each kind, from the stages of this experiment that finished on a quiet machine."""
     total: dict[str, list[float]] = {}
     for stage in stages:
         done = read_stage(stage, root)
         units = _units(stage)
-        if done and units and stage.kind != "report":
+        if done and units and stage.kind != "report" and ran_quiet(done):
             total.setdefault(stage.kind, []).append(max(done["seconds"] - OVERHEAD_S, 0.0) / units)
     return {kind: sum(v) / len(v) for kind, v in total.items()}
 
@@ -659,12 +723,18 @@ def run_experiment(
             if current in ("re-run", "run"):
                 _clear(stage.dir(root))
             echo(f"[{i}/{len(stages)}] {stage.name}: {current} ({_describe(stage)})")
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), cpu_times()
             if stage.kind == "report":
                 result = write_report(cfg, stages, root, outputs, parent_id)
             else:
                 result = _run_stage(stage, root, cfg, parent_id)
             seconds = time.perf_counter() - started
+            others = others_cpu_share(cpu_before, cpu_times())
+            if others is not None and others > CONTENDED_SHARE:
+                echo(
+                    f"  {stage.name} ran beside other processes (they took {others:.0%} of the CPU): "
+                    "its time is not this job's speed and no estimate learns from it"
+                )
             record = {
                 "name": stage.name,
                 "kind": stage.kind,
@@ -672,6 +742,7 @@ def run_experiment(
                 "deps": stage.deps,
                 "meta": stage.meta,
                 "seconds": seconds,
+                "others_cpu": None if others is None else round(others, 3),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "config": _plain(stage.config),
                 "outputs": result,
@@ -793,6 +864,7 @@ def manifest(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> dict
             stage_records[stage.name] = {
                 "key": done["key"],
                 "seconds": done["seconds"],
+                "others_cpu": done.get("others_cpu"),
                 "config": done["config"],
             }
     return {
@@ -955,8 +1027,18 @@ def report_markdown(report: dict[str, Any]) -> str:
     stages = report["manifest"]["stages"]
     if stages:
         total = sum(s["seconds"] for s in stages.values())
-        lines += ["", f"### Stages ({total / 60:.1f} min in all)", "", "| stage | minutes |", "|---|---|"]
-        lines += [f"| {name} | {s['seconds'] / 60:.1f} |" for name, s in stages.items()]
+        lines += [
+            "",
+            f"### Stages ({total / 60:.1f} min in all)",
+            "",
+            "| stage | minutes | other processes' CPU |",
+            "|---|---|---|",
+        ]
+        for name, s in stages.items():
+            others = s.get("others_cpu")
+            lines.append(
+                f"| {name} | {s['seconds'] / 60:.1f} | {'?' if others is None else f'{others:.0%}'} |"
+            )
     return "\n".join(lines) + "\n"
 
 

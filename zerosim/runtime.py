@@ -18,7 +18,9 @@ A user who starts a server by hand beside training splits the cores themselves, 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from zerosim.config import ranged
 
@@ -61,3 +63,47 @@ def apply_threads(threads: int | None = None) -> int:
         os.environ[var] = str(n)
     torch.set_num_threads(n)
     return n
+
+
+# -- how quiet the machine was -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CPUTimes:
+    """CPU seconds used so far by the whole machine and by this process (with the children it waited for)."""
+
+    machine_busy: float
+    own: float
+    cpus: int
+    at: float  # time.monotonic()
+
+
+def cpu_times() -> CPUTimes | None:
+    """Now's :class:`CPUTimes`, read from ``/proc/stat``; None where that is not there (not Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq (steal: the hypervisor's, not a process of this machine)
+    values = [int(v) for v in lines[0].split()[1:8]]
+    idle = values[3] + values[4]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    ticks = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return CPUTimes(
+        machine_busy=(sum(values) - idle) / ticks,
+        own=t.user + t.system + t.children_user + t.children_system,
+        cpus=max(cpus, 1),
+        at=time.monotonic(),
+    )
+
+
+def others_cpu_share(start: CPUTimes | None, end: CPUTimes | None) -> float | None:
+    """The share of the machine's CPU capacity that *other* processes used between two :func:`cpu_times`
+    (0 = nothing else ran, 1 = every core busy with something else); None where unknown.
+
+    A timing taken beside other CPU-bound work is not this job's speed: on 2 cores, a second torch process
+    slows ``generate`` several-fold (OpenMP threads spin waiting for each other).
+    """
+    if start is None or end is None or end.at <= start.at:
+        return None
+    others = (end.machine_busy - start.machine_busy) - (end.own - start.own)
+    return max(0.0, others / ((end.at - start.at) * end.cpus))
