@@ -211,12 +211,26 @@ def test_config_refuses_a_judge_without_url_and_dry_run_shows_it(zerosim_cli, tm
 
 
 def test_training_asks_the_judge_and_logs_its_counts_to_mlflow(
-    fake_judge, tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli
+    fake_judge, tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, monkeypatch
 ):
     """One GRPO step on the tiny model with reward.metric=judge: the dataset's question column reaches the
-    reward through TRL, and judge/* land in MLflow beside the reward."""
+    reward through TRL, and judge/* land in MLflow beside the reward. The judge's client and the search
+    engine are closed when training returns."""
     import mlflow
 
+    import zerosim.train
+    from zerosim.judge import LLMJudge
+
+    closed = []
+    close_judge, build_engine = LLMJudge.close, zerosim.train.build_search_engine
+    monkeypatch.setattr(LLMJudge, "close", lambda self: (closed.append("judge"), close_judge(self)))
+
+    def build(*args, **kwargs):
+        engine = build_engine(*args, **kwargs)
+        engine.close = lambda: closed.append("engine")
+        return engine
+
+    monkeypatch.setattr(zerosim.train, "build_search_engine", build)
     url, _ = fake_judge
     qa, corpus = capitals(4)
     zerosim_cli(
@@ -233,3 +247,4 @@ def test_training_asks_the_judge_and_logs_its_counts_to_mlflow(
     for key in ["judge/requests", "judge/judged", "judge/cache_hits", "judge/seconds", "rewards/judge/mean"]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1], key
     assert run.data.params["reward.judge.url"] == url
+    assert sorted(closed) == ["engine", "judge"]

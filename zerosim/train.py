@@ -6,7 +6,7 @@ Read top to bottom: config → data → policy → search engine → curriculum 
 from __future__ import annotations
 
 import random
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,8 +277,17 @@ def reward_by_source(rewards, groups) -> dict[str, float]:
     return {f"mixed/{g}/reward": sum(v) / len(v) for g, v in by_group.items()}
 
 
-def build_validation(cfg: TrainConfig, questions, engine, tokenizer):
-    """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``; ``bind`` it to the trainer."""
+def closing(resources: ExitStack | None, thing):
+    """``thing``, its ``close()`` (if it has one) called when ``resources`` closes."""
+    close = getattr(thing, "close", None)
+    if resources is not None and callable(close):
+        resources.callback(close)
+    return thing
+
+
+def build_validation(cfg: TrainConfig, questions, engine, tokenizer, resources: ExitStack | None = None):
+    """The :class:`zerosim.validation.Validation` callback for ``cfg.validation``; ``bind`` it to the trainer.
+    An engine of its own (``validation.engine`` other than ``train``) is closed with ``resources``."""
     import dataclasses
 
     from eval.harness import answers_override
@@ -287,10 +296,13 @@ def build_validation(cfg: TrainConfig, questions, engine, tokenizer):
     v = cfg.validation
     examples = validation_examples(v, questions)
     if v.engine != "train":  # a separate engine, e.g. the real retriever beside a simulator used for training
-        engine = build_search_engine(
-            dataclasses.replace(cfg.search, engine=v.engine, negatives="none"),
-            seed=cfg.run.seed,
-            dtype=cfg.policy.dtype,
+        engine = closing(
+            resources,
+            build_search_engine(
+                dataclasses.replace(cfg.search, engine=v.engine, negatives="none"),
+                seed=cfg.run.seed,
+                dtype=cfg.policy.dtype,
+            ),
         )
     # the gold answers reach the simulator in training only, unless search.simulator.pass_answers=true
     answers_shown = answers_override(cfg.search, cfg.search.engine if v.engine == "train" else v.engine)
@@ -312,7 +324,13 @@ def build_validation(cfg: TrainConfig, questions, engine, tokenizer):
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Run one RL job end to end and return the MLflow run id and the final checkpoint."""
+    """Run one RL job end to end and return the MLflow run id and the final checkpoint. The search engines
+    and the judge it opens (HTTP sessions, cache databases) are closed when it returns or fails."""
+    with ExitStack() as resources:
+        return _train(cfg, resources)
+
+
+def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
@@ -335,12 +353,15 @@ def train(cfg: TrainConfig) -> TrainResult:
     dataset, examples = build_dataset(questions)
     # the engine before the policy (and a warm start): a damaged index, a server that is down or cannot
     # honour the curriculum's noise stops the job before any policy weight loads
-    engine = build_search_engine(
-        cfg.search,
-        seed=cfg.run.seed,
-        dtype=cfg.policy.dtype,
-        noise=curriculum_adds_noise(cfg.curriculum),
-        total_steps=cfg.trainer.max_steps,  # engine=mixed: the real share's schedule length by default
+    engine = closing(
+        resources,
+        build_search_engine(
+            cfg.search,
+            seed=cfg.run.seed,
+            dtype=cfg.policy.dtype,
+            noise=curriculum_adds_noise(cfg.curriculum),
+            total_steps=cfg.trainer.max_steps,  # engine=mixed: the real share's schedule length by default
+        ),
     )
     policy_model = cfg.policy.model
     if cfg.warmstart.enabled:
@@ -413,7 +434,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         guard = CollapseGuard(t.collapse_patience)
         validation = None
         if cfg.validation.every:
-            validation = build_validation(cfg, questions, engine, tokenizer)
+            validation = build_validation(cfg, questions, engine, tokenizer, resources)
         state_callback = ZerosimState(
             schedule,
             run_id=run_id,
@@ -451,7 +472,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                         cfg.reward.format_weight,
                         step_rewards=step_weights(cfg) is not None,
                         weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
-                        judge=build_judge(cfg.reward),  # reward.metric=judge: its server checked here
+                        # reward.metric=judge: its server checked here
+                        judge=closing(resources, build_judge(cfg.reward)),
                     ),
                     procs,
                 )
