@@ -45,8 +45,8 @@ class BM25Config:
 class DenseConfig:
     # FlashRAG corpus jsonl, or "factbook" (embedded)
     corpus: str = EMBEDDED_DATA
-    # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2)
-    encoder: str = "minilm"
+    # sentence-transformers name/path, or "minilm" (embedded all-MiniLM-L6-v2); None = index_dir's own, else minilm
+    encoder: str | None = None
     # a built index (zerosim index build); None = built once into $ZEROSIM_HOME/indexes
     index_dir: str | None = None
     # flat | hnsw | ivfpq

@@ -77,13 +77,9 @@ def test_imported_search_r1_index_is_served_by_the_dense_engine(
     assert manifest["imported"]["faiss_link"] == manifest["imported"]["corpus_link"] == "hardlink"
     assert os.path.samefile(out / "faiss.index", faiss_file) and os.path.samefile(out / "docs.jsonl", corpus)
 
-    cfg = load_train_config(
-        overrides=[
-            "search.engine=dense",
-            f"search.dense.index_dir={out}",
-            f"search.dense.encoder={tiny_encoder}",
-        ]
-    )
+    # search.dense.encoder unset: the index's own encoder, read from its manifest
+    cfg = load_train_config(overrides=["search.engine=dense", f"search.dense.index_dir={out}"])
+    assert cfg.search.dense.encoder is None
     engine = build_search_engine(cfg.search)
     for row in (0, 4, 9):  # the query that is passage i's own text finds passage i: vector i is row i
         (hits,) = engine.search([SearchRequest(contents[row])], k=3)
@@ -92,10 +88,11 @@ def test_imported_search_r1_index_is_served_by_the_dense_engine(
 
     # the dry run reads the manifest: what the index is, and the encoder it needs, checked before any load
     keys = ["train", "--dry-run", "search.engine=dense", f"search.dense.index_dir={out}"]
-    table = zerosim_cli(*keys, f"search.dense.encoder={tiny_encoder}").stdout
-    flat = "".join(ch for ch in table if not ch.isspace() and ch != "│")  # the wrapped cells, read on
-    assert f"{len(contents)}passages" in flat and f"importedfrom{faiss_file}".replace(" ", "") in flat, table
-    refused = zerosim_cli(*keys, code=2)  # search.dense.encoder left at minilm
+    for encoder in ([], [f"search.dense.encoder={tiny_encoder}"]):  # unset (the index's), or the same named
+        table = zerosim_cli(*keys, *encoder).stdout
+        flat = "".join(ch for ch in table if not ch.isspace() and ch != "│")  # the wrapped cells, read on
+        assert f"{len(contents)}passages" in flat and f"importedfrom{faiss_file}".replace(" ", "") in flat, table
+    refused = zerosim_cli(*keys, "search.dense.encoder=minilm", code=2)  # another encoder named
     assert f"set search.dense.encoder={tiny_encoder}" in " ".join(refused.stderr.split())
 
 

@@ -169,12 +169,15 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
 
 
 def _dense(cfg: SearchConfig) -> SearchEngine:
+    from eval.dense import EMBEDDED_ENCODER
+
     d = cfg.dense
     return real_retriever(
         "dense",
         d.corpus,
         d.index_dir,
-        encoder=d.encoder,
+        # unset: a given index's own encoder (its manifest), else the embedded one for the index built here
+        encoder=d.encoder if d.encoder is not None or d.index_dir is not None else EMBEDDED_ENCODER,
         faiss_type=d.faiss_type,
         query_prefix=d.query_prefix,
         passage_prefix=d.passage_prefix,

@@ -162,7 +162,8 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
         if s.dense.index_dir:
             rows.append(("dense index", _dense_index(s.dense)))
         else:
-            rows.append(("dense encoder", f"{s.dense.encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
+            encoder = s.dense.encoder or "minilm"
+            rows.append(("dense encoder", f"{encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
     if s.rerank.model is not None:
         rows.append(("reranker", _rerank(s.rerank, "search.rerank", kinds - {"simulator"})))
     if s.engine != "simulator":
@@ -172,7 +173,8 @@ def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
 
 def _dense_index(d) -> str:
     """``search.dense.index_dir``: its manifest read (a built or imported index), and the encoder it needs
-    checked against ``search.dense.encoder``, as loading would (without loading the encoder)."""
+    checked against ``search.dense.encoder`` (when set: unset takes the index's), as loading would (without
+    loading the encoder)."""
     from eval.dense import resolve_encoder
     from eval.index import read_manifest
 
@@ -182,7 +184,7 @@ def _dense_index(d) -> str:
             f"search.dense.index_dir={d.index_dir} holds a {manifest['kind']} index; point it at a dense one"
         )
     built = manifest["dense"]
-    if resolve_encoder(d.encoder)[0] != built["encoder"]:
+    if d.encoder is not None and resolve_encoder(d.encoder)[0] != built["encoder"]:
         raise ConfigError(
             f"search.dense.index_dir={d.index_dir} was encoded with {built['encoder']}, but search.dense.encoder="
             f"{d.encoder}: set search.dense.encoder={built['encoder']}"
