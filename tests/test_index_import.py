@@ -91,7 +91,9 @@ def test_imported_search_r1_index_is_served_by_the_dense_engine(
     for encoder in ([], [f"search.dense.encoder={tiny_encoder}"]):  # unset (the index's), or the same named
         table = zerosim_cli(*keys, *encoder).stdout
         flat = "".join(ch for ch in table if not ch.isspace() and ch != "│")  # the wrapped cells, read on
-        assert f"{len(contents)}passages" in flat and f"importedfrom{faiss_file}".replace(" ", "") in flat, table
+        assert f"{len(contents)}passages" in flat and f"importedfrom{faiss_file}".replace(" ", "") in flat, (
+            table
+        )
     refused = zerosim_cli(*keys, "search.dense.encoder=minilm", code=2)  # another encoder named
     assert f"set search.dense.encoder={tiny_encoder}" in " ".join(refused.stderr.split())
 
