@@ -17,11 +17,12 @@ one experiment config, runs the jobs as *stages* in order, and writes a report.
 
 Every stage is keyed by a fingerprint of its inputs (its job's settings that differ from their defaults, the
 version of those defaults, the experiment root written as ``<root>``, and the keys of the stages it reads
-from), so a release that adds a setting at a neutral default re-runs nothing. A stage whose ``stage.json`` holds the same key is
-reused; a killed stage (no ``stage.json``) runs again — a training stage continues from its last checkpoint —
-and a changed input re-runs that stage and everything downstream of it. Each stage records its wall time and
-how much of the CPU other processes took meanwhile; only stages timed on a quiet machine teach the dry run's
-estimates. The MLflow parent run of the experiment holds every stage's run as a nested run.
+from), so a release that adds a setting at a neutral default re-runs nothing. A stage whose ``stage.json``
+holds the same key is reused; a killed stage (no ``stage.json``) runs again — a training stage continues
+from its last checkpoint — and a changed input re-runs that stage and everything downstream of it. Each
+stage records its wall time and how much of the CPU other processes took meanwhile; only stages timed on a
+quiet machine teach the dry run's estimates. The MLflow parent run of the experiment holds every stage's
+run as a nested run.
 """
 
 from __future__ import annotations
