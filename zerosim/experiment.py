@@ -284,17 +284,20 @@ def _tracked(tracking: TrackingConfig, experiment: ExperimentConfig) -> Tracking
     )
 
 
-# Seconds per unit on 2 CPU cores with the embedded SmolLM2 (measured; see docs/experiments.md); a stage of
-# the same kind finished in this experiment replaces them with what it took.
+# Seconds per unit on a quiet 2-core machine with the embedded SmolLM2, measured by the CPU preset's run
+# (docs/experiments.md, Results); a stage of the same kind finished quiet in this experiment replaces them.
 RATES = {
-    "collect": 0.05,  # per question (BM25 + labelling)
-    "sft": 8.8,  # per optimizer step (batch 4, max_length 384; measured: 60 steps in 540 s)
-    "dpo": 24.4,  # per optimizer step (batch 4: policy and reference; measured: 20 steps in 502 s)
-    "quality": 1.5,  # per question (a useful and a noisy request)
-    "warmstart": 8.0,  # per optimizer step (batch 4), trajectories built in seconds
-    "train": 2.2,  # per trajectory (policy generation, search, update) with BM25; x2 with the simulator
-    "eval": 1.1,  # per question and method=agent (direct: a third)
+    "collect": 0.01,  # per question (BM25 + labelling; measured: 400 in 1.6 s)
+    "sft": 8.2,  # per optimizer step (batch 4, max_length 384; measured: 60 steps in 506 s)
+    "dpo": 25.0,  # per optimizer step (batch 4: policy and reference; measured: 20 steps in 514 s)
+    "quality": 3.1,  # per question, a useful and a noisy request (measured: 32 in 113 s)
+    "warmstart": 9.8,  # per optimizer step (batch 4), trajectories built in seconds (measured: 5 in 64 s)
+    "train": 3.2,  # per trajectory with a real retriever (measured: 16 steps x 16 with BM25 in 835 s)
+    "eval": 0.65,  # per question and method=agent (direct: a third; measured: 128 with BM25 in 97 s)
 }
+# a trajectory against the simulator (or mixed) costs this many real-retriever ones: the simulator writes the
+# documents (measured: 962, 1,277 and 1,114 s for the sim, sim-nocurriculum and mixed arms against 835 s)
+SIMULATOR_FACTOR = 1.35
 OVERHEAD_S = 15.0  # model load and MLflow per stage
 
 
@@ -314,7 +317,7 @@ def _units(stage: Stage) -> float:
             * c.trainer.per_device_train_batch_size
             * c.trainer.gradient_accumulation_steps
         )
-        return trajectories * (2.0 if c.search.engine in ("simulator", "mixed") else 1.0)
+        return trajectories * (SIMULATOR_FACTOR if c.search.engine in ("simulator", "mixed") else 1.0)
     if stage.kind == "eval":
         n = (c.limit or 200) * len(c.datasets)
         return n * (1 / 3 if c.method == "direct" else 1.0)
