@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
-from zerosim.config import EMBEDDED_MODEL, ConfigError, load_config
+from zerosim.config import EMBEDDED_MODEL, ConfigError, flatten, load_config
 from zerosim.data.jsonl import read_jsonl
 from zerosim.fsutil import atomic_write_text
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
@@ -227,18 +227,9 @@ UNSET = "<unset>"  # a default's setting that a config lacks (a removed dict ent
 
 
 def _leaves(config: Any) -> dict[str, Any]:
-    """``{"trainer.learning_rate": 1e-06, ...}``: every leaf of a config as plain JSON (lists are leaves)."""
-    out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and value:
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-
-    walk(json.loads(json.dumps(_plain(config), default=str)), "")
-    return out
+    """``{"trainer.learning_rate": 1e-06, ...}``: a config's leaves (:func:`zerosim.config.flatten`) as plain
+    JSON values, so enums, tuples and paths compare as they are written."""
+    return {k: json.loads(json.dumps(v, default=str)) for k, v in flatten(config).items()}
 
 
 @functools.cache
