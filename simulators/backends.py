@@ -80,10 +80,11 @@ class TransformersBackend:
         model_id: the name recorded in :meth:`describe` (cache keys); defaults to the model's
             ``name_or_path``.
         batch_invariant: decode each prompt exactly as if it were alone in its call
-            (``zerosim.decode.decode_invariant``): bit-exact documents whatever the batch, at about half the
-            speed. Off, a batched call can differ from one call per prompt only by float rounding that
-            depends on the batch (greedy SmolLM2 in float32: the same text for all 16 requests of
-            ``benchmarks/simulator.py``; in bfloat16, 14 of 16).
+            (``zerosim.decode.decode_invariant``): bit-exact documents whatever the batch (a trained
+            simulator's 16 requests in float32: 17.9 s against 15.8 s without, docs/simulator.md). Off, a
+            batched call can differ from one call per prompt only by float rounding that depends on the batch
+            (greedy float32: the same text for all 16 requests of ``benchmarks/simulator.py``; bfloat16: 5
+            of 16).
     """
 
     kind = "transformers"
