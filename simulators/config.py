@@ -80,6 +80,8 @@ class SimulatorConfig:
     top_p: float = ranged(0.95, "(0,1]")
     # show the question and gold answers to the simulator: null = in training only (never at eval or validation), false = never, true = also at eval/validation (an override, warned about and tagged in MLflow)
     pass_answers: bool | None = None
+    # shown answers only for a query holding this share of its question's content words; below it the query alone is written for, as at eval (0 = whatever the query, as ZeroSearch; docs/simulator.md)
+    hint_min_coverage: float = ranged(0.0, "[0,1]")
     # fewer documents than slots: reask (once, then fill) / fill (explicit failure documents)
     on_short: OnShort = OnShort.reask
     # prompt preset: default (zerosim's wording) / zerosearch (the format of ZeroSearch's released simulators: Doc i outputs)

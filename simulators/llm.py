@@ -47,6 +47,7 @@ from simulators.cache import CachedSearchEngine
 from simulators.config import OnLeak, OnShort, SimulatorConfig
 from simulators.parsing import DOCUMENT_PARSERS
 from simulators.prompts import PRESETS, SimulatorPrompts, load_prompts
+from simulators.relevance import question_coverage
 from zerosim.metrics import answer_in_text
 from zerosim.search import Document, SearchError, SearchRequest
 
@@ -75,6 +76,9 @@ class LLMSimulator:
             ``False`` = never). Whether a request carries them is the caller's business: the training
             rollout sends them, evaluation and validation withhold them (:class:`eval.harness.WithheldAnswers`)
             unless ``search.simulator.pass_answers`` is explicitly true.
+        hint_min_coverage: show them only for a query that holds at least this share of its question's
+            content words (:func:`simulators.relevance.question_coverage`); a query below it is written for
+            from the query alone, as at evaluation. 0 = whatever the query (ZeroSearch's behaviour).
         prompts: the templates, or a path to a YAML/JSON template file (see :func:`load_prompts`) replacing
             any of ``preset``'s.
         preset: ``"default"`` or ``"zerosearch"`` (:data:`simulators.prompts.PRESETS`): the built-in templates
@@ -96,6 +100,7 @@ class LLMSimulator:
         temperature: float = 0.7,
         top_p: float = 0.95,
         pass_answers: bool | None = True,
+        hint_min_coverage: float = 0.0,
         prompts: SimulatorPrompts | str | Path | None = None,
         seed: int = 0,
         on_short: str = "reask",
@@ -119,6 +124,9 @@ class LLMSimulator:
         self.temperature = temperature
         self.top_p = top_p
         self.pass_answers = pass_answers is not False  # config null = "training only": requests decide
+        if not 0.0 <= hint_min_coverage <= 1.0:
+            raise ValueError(f"hint_min_coverage={hint_min_coverage} must be within [0, 1]")
+        self.hint_min_coverage = float(hint_min_coverage)
         self.preset = str(preset)
         self.prompts = (
             load_prompts(prompts, base=PRESETS[self.preset])
@@ -173,6 +181,8 @@ class LLMSimulator:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "pass_answers": self.pass_answers,
+            # left out at 0 (the default): existing caches stay valid
+            **({"hint_min_coverage": self.hint_min_coverage} if self.hint_min_coverage > 0 else {}),
             "on_short": self.on_short,
             "on_leak": self.on_leak,
             # the preset's parser changes the documents too; left out for default: existing caches stay valid
@@ -192,14 +202,24 @@ class LLMSimulator:
 
     # -- prompts ------------------------------------------------------------------------------------
 
+    def _hinted(self, req: SearchRequest) -> bool:
+        """Whether the prompt for ``req`` shows its question and gold answers."""
+        if not (self.pass_answers and req.question and req.answers):
+            return False
+        return (
+            self.hint_min_coverage <= 0.0
+            or question_coverage(req.query, req.question) >= self.hint_min_coverage
+        )
+
     def _prompt(self, req: SearchRequest, noisy: bool, n: int) -> str:
+        hinted = self._hinted(req)
         return self.prompts.render(
             query=req.query,
             k=n,
             words=self.words_per_doc,
             noisy=noisy,
-            question=req.question if self.pass_answers else None,
-            answers=req.answers if self.pass_answers else (),
+            question=req.question if hinted else None,
+            answers=req.answers if hinted else (),
         )
 
     def _jobs(self, requests: Sequence[SearchRequest], k: int) -> list[_Job]:
@@ -238,6 +258,11 @@ class LLMSimulator:
         if not requests:
             return []
         found: list[dict[int, str]] = [{} for _ in requests]
+        if self.hint_min_coverage > 0.0:
+            # requests that carry answers the gate kept from the prompt (their queries miss the question)
+            self.stats["answers_withheld"] += sum(
+                1 for r in requests if self.pass_answers and r.question and r.answers and not self._hinted(r)
+            )
         jobs = self._jobs(requests, k)
         short = self._collect(jobs, self._complete(jobs, salt=""), found)
         self.stats["documents_requested"] += sum(len(j.slots) for j in jobs)
@@ -354,6 +379,7 @@ def build_simulator(
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         pass_answers=cfg.pass_answers,
+        hint_min_coverage=cfg.hint_min_coverage,
         prompts=cfg.prompts_file,
         preset=cfg.prompts,
         on_short=cfg.on_short,

@@ -217,6 +217,29 @@ def test_stage_keys_follow_what_a_stage_depends_on(tmp_path):
     }  # fmt: skip
 
 
+def test_serve_overrides_reach_the_simulator_arms_only(tmp_path):
+    """``simulator.serve`` sets search.simulator.* in every arm that trains against the simulator: those arms
+    (and what evaluates them) re-key; the real-search arm, the warm start and the simulator stages do not."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    def stages(*overrides):
+        cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
+        return {s.name: s for s in build_stages(cfg, tmp_path / "root")}
+
+    base = stages()
+    served = stages("simulator.serve=[hint_min_coverage=0.5]")
+    assert {n for n in base if served[n].key != base[n].key} == {
+        "train-sim-s0", "train-sim-nocurriculum-s0", "train-mixed-s0",
+        "eval-sim-s0-bm25", "eval-sim-nocurriculum-s0-bm25", "eval-mixed-s0-bm25", "report",
+    }  # fmt: skip
+    for name in ("train-sim-s0", "train-sim-nocurriculum-s0", "train-mixed-s0"):
+        assert served[name].config.search.simulator.hint_min_coverage == 0.5
+    assert served["train-real-s0"].config.search.simulator.hint_min_coverage == 0.0
+    # the full key is accepted too
+    prefixed = stages("simulator.serve=[search.simulator.hint_min_coverage=0.5]")
+    assert {n: s.key for n, s in prefixed.items()} == {n: s.key for n, s in served.items()}
+
+
 SNAPSHOT = ROOT / "tests" / "snapshots" / "stage_key_defaults.json"
 
 

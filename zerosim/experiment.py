@@ -71,6 +71,8 @@ class SimulatorStageConfig:
     dpo_overrides: list[str] = field(default_factory=list)
     # overrides of `zerosim simulator eval` (e.g. limit=32)
     quality: list[str] = field(default_factory=list)
+    # search.simulator.* overrides of every arm that trains against the simulator (e.g. hint_min_coverage=0.5)
+    serve: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -411,6 +413,8 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
                 continue
             uses_sim = any(SIMULATOR_PLACEHOLDER in o for o in arm.overrides)
             overrides = [o.replace(SIMULATOR_PLACEHOLDER, sim_model or EMBEDDED_MODEL) for o in arm.overrides]
+            if uses_sim:
+                overrides += [f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve]
             stage_name = f"train-{name}-s{seed}"
             t = train_config(
                 [
