@@ -253,15 +253,76 @@ def _fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
     of those defaults, and the keys of the stages it reads. Where it is logged (``tracking``) is left out, so
     moving the MLflow store or naming another experiment does not re-run finished work."""
     config = None if stage.config is None else changed_settings(stage.config, STAGE_SCHEMAS[stage.kind])
-    payload = {
-        "kind": stage.kind,
-        "defaults": KEY_DEFAULTS_VERSION,
-        "config": config,
-        "meta": stage.meta,
-        "deps": {d: keys[d] for d in stage.deps},
-    }
+    return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
+
+
+def _key(kind: str, config: dict[str, Any] | None, meta: dict[str, Any], deps: dict[str, str], root: Path) -> str:
+    payload = {"kind": kind, "defaults": KEY_DEFAULTS_VERSION, "config": config, "meta": meta, "deps": deps}
     text = json.dumps(payload, sort_keys=True, default=str).replace(str(root), "<root>")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# Settings whose default changed without changing what any stage computes (so KEY_DEFAULTS_VERSION stayed):
+# a record holding a former default reads as today's default. Keyed by a setting's path or the end of it (a
+# section nested in another matches too).
+FORMER_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    # unset takes a given index's own encoder and minilm for an index built here: what "minilm" (the former
+    # default) ran, since a given index with another encoder refused it
+    "search.dense.encoder": ("minilm",),
+}
+
+
+def _former_default(path: str, value: Any) -> bool:
+    return any(
+        (path == name or path.endswith("." + name)) and value in former
+        for name, former in FORMER_DEFAULTS.items()
+    )
+
+
+def _recorded_changes(recorded: dict[str, Any], schema: type) -> dict[str, Any]:
+    """:func:`changed_settings` of a stage record's config (``stage.json``), read by today's schema: a setting
+    the record lacks was added since, and the stage ran as at its default; a former default that computes
+    what today's does (:data:`FORMER_DEFAULTS`) reads as today's."""
+    leaves: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for name, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{name}.")
+            else:
+                leaves[f"{prefix}{name}"] = json.loads(json.dumps(value, default=str))
+
+    walk(recorded, "")
+    defaults = schema_defaults(schema)
+    leaves = {k: defaults[k] if k in defaults and _former_default(k, v) else v for k, v in leaves.items()}
+    changed = {k: v for k, v in leaves.items() if k not in defaults or defaults[k] != v}
+    return {k: v for k, v in changed.items() if not k.startswith("tracking.")}
+
+
+def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[str, Stage]) -> str | None:
+    """The key today's rules give what a finished stage ran — its recorded config and meta, and the records of
+    the stages it read, each finished before it — or None where the records cannot tell.
+
+    A record keeps the key of the rules it was written under; when the rules change (a new way to key
+    stages), :func:`status` still reuses a stage whose record shows the work that would run now."""
+    config = done.get("config")
+    if stage.config is not None and not isinstance(config, dict):
+        return None
+    deps: dict[str, str] = {}
+    for name in stage.deps:
+        dep = stages.get(name)
+        dep_done = None if dep is None else read_stage(dep, root)
+        # the record this stage read: a dependency finished after it was re-run since
+        if dep_done is None or str(dep_done.get("finished", "~")) > str(done.get("finished", "")):
+            return None
+        key = dep_done.get("key")
+        if key != dep.key:
+            key = recorded_key(dep, dep_done, root, stages)
+        if key is None:
+            return None
+        deps[name] = key
+    changes = None if stage.config is None else _recorded_changes(config, STAGE_SCHEMAS[stage.kind])
+    return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 
 
 def _job_config(schema: type, path: str | Path | None, overrides: Sequence[str], where: str):
@@ -507,12 +568,16 @@ def read_stage(stage: Stage, root: Path) -> dict[str, Any] | None:
         return None
 
 
-def status(stage: Stage, root: Path) -> str:
-    """``reuse`` (finished with this key), ``run`` (never finished), ``re-run`` (finished with another key),
-    ``continue`` (a training stage killed after a checkpoint)."""
+def status(stage: Stage, root: Path, stages: Sequence[Stage] = ()) -> str:
+    """``reuse`` (finished with this key, or its record shows the same work: :func:`recorded_key`, which reads
+    the records of ``stages``), ``run`` (never finished), ``re-run`` (finished with other work), ``continue``
+    (a training stage killed after a checkpoint)."""
     done = read_stage(stage, root)
     if done is not None:
-        return "reuse" if done.get("key") == stage.key else "re-run"
+        if done.get("key") == stage.key:
+            return "reuse"
+        same = recorded_key(stage, done, root, {s.name: s for s in stages}) == stage.key
+        return "reuse" if same else "re-run"
     if stage.kind == "train" and any(stage.dir(root).glob("*/checkpoint-*/")):
         return "continue"
     return "run"
@@ -556,7 +621,7 @@ def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> lis
     est = estimates(stages, root)
     rows = []
     for stage in stages:
-        state = status(stage, root)
+        state = status(stage, root, stages)
         seconds = 0.0 if state == "reuse" else est[stage.name]
         rows.append((stage.name, state, _minutes(seconds), _describe(stage).replace(str(root), "<root>")))
     return rows
@@ -715,7 +780,7 @@ def run_experiment(
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}
         for i, stage in enumerate(stages, 1):
-            current = status(stage, root)
+            current = status(stage, root, stages)
             if current == "reuse":
                 outputs[stage.name] = read_stage(stage, root)["outputs"]
                 reused.append(stage.name)
