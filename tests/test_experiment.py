@@ -240,6 +240,47 @@ def test_serve_overrides_reach_the_simulator_arms_only(tmp_path):
     assert {n: s.key for n, s in prefixed.items()} == {n: s.key for n, s in served.items()}
 
 
+def test_a_stage_whose_record_shows_todays_work_is_reused_whatever_key_it_was_written_with(tmp_path):
+    """Records written under other keying rules (here: every stored key scrambled) and with a former default
+    that computes what today's does are reused; a record of other work, or one whose dependency finished after
+    it (re-run since), is not."""
+    from dataclasses import replace
+
+    from zerosim.experiment import STAGE_FILE, _plain, build_stages, load_experiment, status
+
+    root = tmp_path / "root"
+    cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
+    stages = build_stages(cfg, root)
+    by_name = {s.name: s for s in stages}
+
+    def record(stage, *, key, finished="2026-01-01T00:00:00+0000", config=None):
+        stage.dir(root).mkdir(parents=True, exist_ok=True)
+        plain = json.loads(json.dumps(_plain(config or stage.config), default=str))
+        if stage.kind == "train":  # written before the encoder default became unset
+            plain["search"]["dense"]["encoder"] = "minilm"
+        written = {"key": key, "meta": stage.meta, "finished": finished, "config": plain}
+        (stage.dir(root) / STAGE_FILE).write_text(json.dumps(written))
+
+    for stage in stages:
+        record(stage, key="written-under-older-rules")
+    assert {status(s, root, stages) for s in stages} == {"reuse"}
+    assert status(by_name["train-real-s0"], root) == "re-run"  # without the other records it cannot tell
+
+    # other work: a setting that differs from what would run now
+    real = by_name["train-real-s0"]
+    other = replace(real.config, trainer=replace(real.config.trainer, learning_rate=0.5))
+    record(real, key="written-under-older-rules", config=other)
+    assert status(real, root, stages) == "re-run"
+    assert status(by_name["eval-real-s0-bm25"], root, stages) == "re-run"  # it read that other policy
+    record(real, key="written-under-older-rules")
+    assert status(by_name["eval-real-s0-bm25"], root, stages) == "reuse"
+
+    # a dependency re-run after the stage finished: the stage read an older result
+    record(real, key=real.key, finished="2026-06-01T00:00:00+0000")
+    assert status(real, root, stages) == "reuse"
+    assert status(by_name["eval-real-s0-bm25"], root, stages) == "re-run"
+
+
 SNAPSHOT = ROOT / "tests" / "snapshots" / "stage_key_defaults.json"
 
 
