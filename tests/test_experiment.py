@@ -387,5 +387,33 @@ def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
     assert estimates(stages, root)[sft.name] == pytest.approx(shipped)
     finished(slow)  # no measurement (an older record)
     assert estimates(stages, root)[sft.name] == pytest.approx(shipped)
+    finished(slow, others_cpu=0.02, attempts=2)  # continued after a kill: its time holds work done twice
+    assert estimates(stages, root)[sft.name] == pytest.approx(shipped)
     finished(slow, others_cpu=0.02)  # quiet: this machine is that slow
     assert estimates(stages, root)[sft.name] == pytest.approx(slow)
+
+
+def test_a_continued_stage_counts_the_time_of_the_attempt_that_was_killed(tmp_path):
+    """While a stage runs, its time so far is kept beside it; a continued stage adds the killed attempt's time
+    (to within the save interval) to its own and counts the attempts; a fresh run starts from zero."""
+    from zerosim.experiment import ATTEMPT_FILE, StageClock
+
+    folder = tmp_path / "stage"
+    with StageClock(folder, continuing=False, every=0.02) as clock:
+        time.sleep(0.2)
+        kept = json.loads((folder / ATTEMPT_FILE).read_text())  # saved while running, not only at the end
+        assert 0.05 < kept["seconds"] <= clock.seconds() and kept["attempts"] == 1
+    first = clock.seconds()
+    assert first >= 0.2 and clock.attempts == 1
+    assert clock.seconds() == first  # stopped at exit
+
+    # a killed attempt left its time behind; continuing adds to it
+    (folder / ATTEMPT_FILE).write_text(json.dumps({"seconds": 100.0, "attempts": 1}))
+    with StageClock(folder, continuing=True) as clock:
+        time.sleep(0.05)
+    assert clock.attempts == 2 and 100.05 <= clock.seconds() < 101
+    assert json.loads((folder / ATTEMPT_FILE).read_text())["attempts"] == 2
+
+    with StageClock(folder, continuing=False) as clock:  # a re-run: the earlier attempts are not its own
+        pass
+    assert clock.attempts == 1 and clock.seconds() < 1

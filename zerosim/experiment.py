@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
@@ -602,7 +603,8 @@ def _learned_rates(stages: Sequence[Stage], root: Path) -> dict[str, float]:
     for stage in stages:
         done = read_stage(stage, root)
         units = _units(stage)
-        if done and units and stage.kind != "report" and ran_quiet(done):
+        # a continued stage's time holds the steps its killed attempt did again: no rate learns from it
+        if done and units and stage.kind != "report" and ran_quiet(done) and done.get("attempts", 1) == 1:
             total.setdefault(stage.kind, []).append(max(done["seconds"] - OVERHEAD_S, 0.0) / units)
     return {kind: sum(v) / len(v) for kind, v in total.items()}
 
@@ -656,6 +658,57 @@ def _describe(stage: Stage) -> str:
 
 
 # -- running -----------------------------------------------------------------------------------------------
+ATTEMPT_FILE = "attempt.json"
+
+
+class StageClock:
+    """A stage's wall time over all its attempts. While an attempt runs, the time so far is kept in
+    ``attempt.json`` every ``every`` seconds, so when a killed stage continues, the killed attempt's time
+    (to within ``every``) counts too; ``attempts`` counts them."""
+
+    def __init__(self, folder: Path, *, continuing: bool, every: float = 30.0):
+        self.folder, self.every = folder, every
+        earlier = _read_json(folder / ATTEMPT_FILE) if continuing else None
+        self.prior = float(earlier.get("seconds", 0.0)) if earlier else 0.0
+        self.attempts = int(earlier.get("attempts", 1)) + 1 if earlier else 1
+        self._stop = threading.Event()
+        self.ended: float | None = None
+
+    def seconds(self) -> float:
+        end = self.ended if self.ended is not None else time.perf_counter()
+        return self.prior + end - self.started
+
+    def _save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            self.folder / ATTEMPT_FILE, json.dumps({"seconds": self.seconds(), "attempts": self.attempts})
+        )
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            self._save()
+
+    def __enter__(self) -> StageClock:
+        self.started = time.perf_counter()
+        self._save()
+        self._thread = threading.Thread(target=self._tick, name="stage-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.ended = time.perf_counter()
+        self._save()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
 def _clear(path: Path) -> None:
     if path.exists():
         shutil.rmtree(path)
@@ -789,13 +842,14 @@ def run_experiment(
             if current in ("re-run", "run"):
                 _clear(stage.dir(root))
             echo(f"[{i}/{len(stages)}] {stage.name}: {current} ({_describe(stage)})")
-            started, cpu_before = time.perf_counter(), cpu_times()
-            if stage.kind == "report":
-                result = write_report(cfg, stages, root, outputs, parent_id)
-            else:
-                result = _run_stage(stage, root, cfg, parent_id)
-            seconds = time.perf_counter() - started
-            others = others_cpu_share(cpu_before, cpu_times())
+            cpu_before = cpu_times()
+            with StageClock(stage.dir(root), continuing=current == "continue") as clock:
+                if stage.kind == "report":
+                    result = write_report(cfg, stages, root, outputs, parent_id)
+                else:
+                    result = _run_stage(stage, root, cfg, parent_id)
+            seconds = clock.seconds()
+            others = others_cpu_share(cpu_before, cpu_times())  # this attempt's
             if others is not None and others > CONTENDED_SHARE:
                 echo(
                     f"  {stage.name} ran beside other processes (they took {others:.0%} of the CPU): "
@@ -807,7 +861,8 @@ def run_experiment(
                 "key": stage.key,
                 "deps": stage.deps,
                 "meta": stage.meta,
-                "seconds": seconds,
+                "seconds": seconds,  # every attempt's
+                "attempts": clock.attempts,
                 "others_cpu": None if others is None else round(others, 3),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "config": _plain(stage.config),
@@ -930,6 +985,7 @@ def manifest(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> dict
             stage_records[stage.name] = {
                 "key": done["key"],
                 "seconds": done["seconds"],
+                "attempts": done.get("attempts", 1),
                 "others_cpu": done.get("others_cpu"),
                 "config": done["config"],
             }
@@ -1102,9 +1158,9 @@ def report_markdown(report: dict[str, Any]) -> str:
         ]
         for name, s in stages.items():
             others = s.get("others_cpu")
-            lines.append(
-                f"| {name} | {s['seconds'] / 60:.1f} | {'?' if others is None else f'{others:.0%}'} |"
-            )
+            attempts = s.get("attempts", 1)
+            minutes = f"{s['seconds'] / 60:.1f}" + (f" ({attempts} attempts)" if attempts > 1 else "")
+            lines.append(f"| {name} | {minutes} | {'?' if others is None else f'{others:.0%}'} |")
     return "\n".join(lines) + "\n"
 
 
