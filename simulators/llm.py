@@ -202,17 +202,18 @@ class LLMSimulator:
 
     # -- prompts ------------------------------------------------------------------------------------
 
-    def _hinted(self, req: SearchRequest) -> bool:
-        """Whether the prompt for ``req`` shows its question and gold answers."""
-        if not (self.pass_answers and req.question and req.answers):
-            return False
-        return (
-            self.hint_min_coverage <= 0.0
-            or question_coverage(req.query, req.question) >= self.hint_min_coverage
+    def _carries_answers(self, req: SearchRequest) -> bool:
+        """Whether ``req`` brings a question and gold answers this simulator may be shown."""
+        return bool(self.pass_answers and req.question and req.answers)
+
+    def _covers(self, req: SearchRequest) -> bool:
+        """Whether ``req``'s query passes the ``hint_min_coverage`` gate."""
+        return self.hint_min_coverage <= 0.0 or (
+            question_coverage(req.query, req.question or "") >= self.hint_min_coverage
         )
 
-    def _prompt(self, req: SearchRequest, noisy: bool, n: int) -> str:
-        hinted = self._hinted(req)
+    def _prompt(self, req: SearchRequest, noisy: bool, n: int, hinted: bool) -> str:
+        """The prompt for ``n`` slots of ``req``; ``hinted``: show its question and gold answers."""
         return self.prompts.render(
             query=req.query,
             k=n,
@@ -222,7 +223,7 @@ class LLMSimulator:
             answers=req.answers if hinted else (),
         )
 
-    def _jobs(self, requests: Sequence[SearchRequest], k: int) -> list[_Job]:
+    def _jobs(self, requests: Sequence[SearchRequest], k: int, hinted: Sequence[bool]) -> list[_Job]:
         """One prompt per (request, mode) present in the request's noise pattern."""
         jobs = []
         for i, req in enumerate(requests):
@@ -230,7 +231,7 @@ class LLMSimulator:
             for noisy in (False, True):
                 slots = tuple(s for s, flag in enumerate(pattern) if flag == noisy)
                 if slots:
-                    jobs.append(_Job(i, noisy, slots, self._prompt(req, noisy, len(slots))))
+                    jobs.append(_Job(i, noisy, slots, self._prompt(req, noisy, len(slots), hinted[i])))
         return jobs
 
     def _complete(self, jobs: Sequence[_Job], salt: str) -> list[str]:
@@ -258,12 +259,12 @@ class LLMSimulator:
         if not requests:
             return []
         found: list[dict[int, str]] = [{} for _ in requests]
+        carries = [self._carries_answers(r) for r in requests]
+        hinted = [c and self._covers(r) for c, r in zip(carries, requests, strict=True)]  # once per request
         if self.hint_min_coverage > 0.0:
-            # requests that carry answers the gate kept from the prompt (their queries miss the question)
-            self.stats["answers_withheld"] += sum(
-                1 for r in requests if self.pass_answers and r.question and r.answers and not self._hinted(r)
-            )
-        jobs = self._jobs(requests, k)
+            # requests whose answers the gate kept from the prompt (their queries miss the question)
+            self.stats["answers_withheld"] += sum(c and not h for c, h in zip(carries, hinted, strict=True))
+        jobs = self._jobs(requests, k, hinted)
         short = self._collect(jobs, self._complete(jobs, salt=""), found)
         self.stats["documents_requested"] += sum(len(j.slots) for j in jobs)
         redo = short if self.on_short == "reask" else []
@@ -276,7 +277,12 @@ class LLMSimulator:
             redo = _merge(redo + leaks)
         if redo:
             retry = [
-                dataclasses.replace(j, prompt=self._prompt(requests[j.request_index], j.noisy, len(j.slots)))
+                dataclasses.replace(
+                    j,
+                    prompt=self._prompt(
+                        requests[j.request_index], j.noisy, len(j.slots), hinted[j.request_index]
+                    ),
+                )
                 for j in redo
             ]
             self.stats["reasks"] += 1

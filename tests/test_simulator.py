@@ -48,7 +48,7 @@ def test_mixed_noise_is_honoured_slot_by_slot(tiny_sim):
             slot = int(doc.id.rsplit("-", 1)[1])
             assert doc.noisy == req.noise[slot]
     # one prompt per (request, mode): 2 for the mixed request, 1 for the all-noisy one
-    assert len(tiny_sim._jobs(reqs, 3)) == 3
+    assert len(tiny_sim._jobs(reqs, 3, [False] * len(reqs))) == 3
 
 
 def test_simulator_is_deterministic_under_a_seed(tiny_sim):

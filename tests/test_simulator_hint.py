@@ -47,7 +47,7 @@ def test_a_query_below_the_coverage_gets_no_question_and_no_answers():
         assert ANSWER not in prompt and "Abu Dhabi" not in prompt
     # written for the query alone: the prompt evaluation sends for the same query
     plain = LLMSimulator(ScriptedBackend(), pass_answers=False)
-    assert useful_what == plain._prompt(SearchRequest("what"), False, 1)
+    assert useful_what == plain._prompt(SearchRequest("what"), False, 1, hinted=False)
     assert sim.stats["answers_withheld"] == 1
     assert sim.cache_key_extra()["hint_min_coverage"] == 0.5
 

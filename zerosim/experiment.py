@@ -241,11 +241,13 @@ def schema_defaults(schema: type) -> dict[str, Any]:
     return _leaves(schema())
 
 
-def changed_settings(config: Any, schema: type) -> dict[str, Any]:
-    """The leaves of ``config`` that differ from ``schema``'s defaults (where runs are logged left out)."""
+def changed_settings(config: Any, schema: type, *, missing: Any = UNSET) -> dict[str, Any]:
+    """The leaves of ``config`` that differ from ``schema``'s defaults (where runs are logged left out); a
+    default's setting that ``config`` lacks counts as ``missing`` (``None``: as at its default)."""
     current, defaults = _leaves(config), schema_defaults(schema)
     changed = {k: v for k, v in current.items() if k not in defaults or defaults[k] != v}
-    changed.update({k: UNSET for k in defaults if k not in current})
+    if missing is not None:
+        changed.update({k: missing for k in defaults if k not in current})
     return {k: v for k, v in changed.items() if not k.startswith("tracking.")}
 
 
@@ -284,20 +286,11 @@ def _recorded_changes(recorded: dict[str, Any], schema: type) -> dict[str, Any]:
     """:func:`changed_settings` of a stage record's config (``stage.json``), read by today's schema: a setting
     the record lacks was added since, and the stage ran as at its default; a former default that computes
     what today's does (:data:`FORMER_DEFAULTS`) reads as today's."""
-    leaves: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for name, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{name}.")
-            else:
-                leaves[f"{prefix}{name}"] = json.loads(json.dumps(value, default=str))
-
-    walk(recorded, "")
-    defaults = schema_defaults(schema)
-    leaves = {k: defaults[k] if k in defaults and _former_default(k, v) else v for k, v in leaves.items()}
-    changed = {k: v for k, v in leaves.items() if k not in defaults or defaults[k] != v}
-    return {k: v for k, v in changed.items() if not k.startswith("tracking.")}
+    return {
+        k: v
+        for k, v in changed_settings(recorded, schema, missing=None).items()
+        if not _former_default(k, v)
+    }
 
 
 def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[str, Stage]) -> str | None:
@@ -560,13 +553,7 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
 
 # -- state -------------------------------------------------------------------------------------------------
 def read_stage(stage: Stage, root: Path) -> dict[str, Any] | None:
-    path = stage.dir(root) / STAGE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
+    return _read_json(stage.dir(root) / STAGE_FILE)
 
 
 def status(stage: Stage, root: Path, stages: Sequence[Stage] = ()) -> str:
