@@ -1,6 +1,6 @@
 """Policy decode speed (on demand, not CI): ``python benchmarks/decode.py [--policy CHECKPOINT]``.
 
-The rollout's generation, our decoding loop (``zerosim.decode``, the default) against transformers
+The rollout's generation, our decoding loop (``zerosim.core.decode``, the default) against transformers
 ``generate`` (``HFGenerator(decoder="transformers")``, what the rollout ran before), printed side by side
 from one run: 16 factbook questions at batch 16, the multi-turn rollout (``SearchRollout.run``: stop
 strings, log-probs, BM25 observations between turns), the same prompts for both.
@@ -119,11 +119,11 @@ def main() -> None:
 
     import torch
 
-    from zerosim.data.embedded import load_questions
+    from zerosim.agent.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, build_prompt
+    from zerosim.core.data.embedded import load_questions
+    from zerosim.core.generation import HFGenerator
+    from zerosim.core.models import load_causal_lm, load_tokenizer
     from zerosim.engines import SearchConfig, build_search_engine
-    from zerosim.generation import HFGenerator
-    from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, build_prompt
 
     questions = load_questions("factbook", "dev", limit=args.questions)
     tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)

@@ -32,7 +32,7 @@ def row(name: str, *cells: str) -> None:
 
 
 def hit_rate(results, questions) -> float:
-    from zerosim.metrics import answer_in_text  # whole words, as eval recall@k
+    from zerosim.core.metrics import answer_in_text  # whole words, as eval recall@k
 
     hits = sum(
         any(answer_in_text(d.contents, q.golden_answers) for d in docs)
@@ -91,7 +91,7 @@ def bench_bm25(docs, queries: list[str]):
 
 def passage_embeddings(retriever, reencode: bool):
     from eval.index import corpus_fingerprint
-    from zerosim.models import zerosim_home
+    from zerosim.core.models import zerosim_home
 
     sha = corpus_fingerprint(retriever.docs)["sha256"][:16]
     path = zerosim_home() / "bench" / f"factbook-{sha}-{retriever.encoder_name}.f32"
@@ -114,7 +114,7 @@ def bench_dense(docs, queries: list[str], dev, reencode: bool):
     from eval.bm25 import BM25Retriever
     from eval.dense import DenseRetriever
     from eval.hybrid import HybridRetriever
-    from zerosim.search import SearchRequest
+    from zerosim.core.search import SearchRequest
 
     print(f"\nDense · MiniLM (384-d) · {len(docs):,} passages · {len(queries):,} queries · top-10")
     print(f"  torch threads {torch.get_num_threads()}")
@@ -168,8 +168,8 @@ def main() -> None:
     parser.add_argument("--reencode", action="store_true", help="encode the passages even if cached")
     args = parser.parse_args()
 
-    from zerosim.data.embedded import ensure_factbook, load_questions
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.embedded import ensure_factbook, load_questions
+    from zerosim.core.data.qa import load_corpus
 
     docs = load_corpus(ensure_factbook(progress=False).corpus)
     questions = load_questions("factbook", "train") + load_questions("factbook", "test")

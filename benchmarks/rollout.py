@@ -3,7 +3,7 @@
 Our multi-turn rollout vs a ZeroSearch-style loop, same policy, prompts, retriever and sampling seed,
 printed side by side from one run:
 
-- **ours** (``zerosim.rollout.SearchRollout``): generation stops at ``</search>``, ``</answer>`` or EOS
+- **ours** (``zerosim.agent.rollout.SearchRollout``): generation stops at ``</search>``, ``</answer>`` or EOS
   (stop strings inside ``generate``), token-in/token-out, one batched search call per turn;
 - **ZeroSearch-style**: a fixed token budget per turn with no stop strings (EOS only), then the text is cut
   at the first closing tag and re-tokenised, and one search call per trajectory.
@@ -98,10 +98,10 @@ def zerosearch_loop(
     ``counts`` (:class:`BatchCounts`) records its calls, decode steps and prefill."""
     import torch
 
-    from zerosim.generation import HFGenerator
-    from zerosim.protocol import parse_action
-    from zerosim.rollout import ProtocolTokens, build_prompt
-    from zerosim.search import SearchRequest
+    from zerosim.agent.protocol import parse_action
+    from zerosim.agent.rollout import ProtocolTokens, build_prompt
+    from zerosim.core.generation import HFGenerator
+    from zerosim.core.search import SearchRequest
 
     torch.manual_seed(seed)
     tokens = ProtocolTokens(tokenizer, max_obs_tokens)
@@ -135,7 +135,7 @@ def zerosearch_loop(
 
 
 def _with_decoder(generator, decoder: str):
-    from zerosim.generation import HFGenerator
+    from zerosim.core.generation import HFGenerator
 
     g = generator
     return HFGenerator(
@@ -171,10 +171,10 @@ def main() -> None:
 
     import torch
 
-    from zerosim.data.embedded import load_questions
+    from zerosim.agent.rollout import RolloutConfig, SearchRollout, build_prompt
+    from zerosim.core.data.embedded import load_questions
+    from zerosim.core.models import load_causal_lm, load_tokenizer
     from zerosim.engines import SearchConfig, build_search_engine
-    from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
 
     questions = load_questions("factbook", "dev", limit=args.questions)
     tokenizer, model = load_tokenizer(args.policy), load_causal_lm(args.policy)

@@ -36,8 +36,8 @@ def timed(fn, *args, **kwargs):
 
 
 def requests_for(n: int):
-    from zerosim.data.embedded import load_questions
-    from zerosim.search import SearchRequest
+    from zerosim.core.data.embedded import load_questions
+    from zerosim.core.search import SearchRequest
 
     questions = load_questions("factbook", "dev", limit=n)
     return [SearchRequest(query=q.question, question=q.question, answers=q.golden_answers) for q in questions]
@@ -74,7 +74,7 @@ def main() -> None:
     import torch
 
     from simulators import LLMSimulator, TransformersBackend
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     torch.manual_seed(0)
     requests = requests_for(args.requests)
@@ -144,7 +144,7 @@ def bench_variants(args) -> None:
     import torch
 
     from simulators import LLMSimulator, TransformersBackend
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     requests = requests_for(args.requests)
     tokenizer = load_tokenizer(args.model)

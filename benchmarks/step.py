@@ -2,7 +2,7 @@
 
     python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [key=value ...]
 
-Runs ``--steps`` real training steps of a recipe (``zerosim.train.train``: the same code as ``zerosim
+Runs ``--steps`` real training steps of a recipe (``zerosim.training.recipe.train``: the same code as ``zerosim
 train``) ``--repeats`` times and prints, per phase, the seconds per optimizer step — the median over repeats
 of each run's mean over its steps — and its share of the step:
 
@@ -37,8 +37,8 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: i
     """One training run; returns seconds per step of each phase (mean over its steps) and token counts."""
     import mlflow
 
-    from zerosim.train import train
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
+    from zerosim.training.recipe import train
 
     db = Path(tempfile.mkdtemp(prefix="bench-step-")) / "mlflow.db"
     cfg = load_train_config(

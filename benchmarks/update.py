@@ -96,10 +96,10 @@ def generation_batch(rows: int, group: int, vocab: int, pad_id: int, seed: int) 
 def build_trainer(out: Path):
     from datasets import Dataset
 
-    from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.train import grpo_args
-    from zerosim.train_config import load_train_config
-    from zerosim.trainer import SearchTrainer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
+    from zerosim.training.config import load_train_config
+    from zerosim.training.recipe import grpo_args
+    from zerosim.training.trainer import SearchTrainer
 
     cfg = load_train_config("configs/demo-learning.yaml", [f"run.output_dir={out}"])
     tokenizer = load_tokenizer(cfg.policy.model)
@@ -119,7 +119,7 @@ def build_trainer(out: Path):
 
 def one_step(trainer, batch, variant: str, seed: int) -> dict:
     """Forward + backward of every micro-batch of one optimizer step; seconds, positions, summed gradient."""
-    from zerosim.decode import attention_implementation
+    from zerosim.core.decode import attention_implementation
 
     group, compact, attention, bf16 = VARIANTS[variant]
     trainer.group_by_length, trainer.compact_head, trainer.update_bf16 = group, compact, bf16
@@ -192,7 +192,7 @@ def main() -> None:
     print(f"load average {load:.2f}" + ("  (not quiet: figures will be slow)" if load >= 0.5 else ""))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
-    from zerosim.decode import register_attention
+    from zerosim.core.decode import register_attention
 
     register_attention()
     trainer, cfg = build_trainer(Path(tempfile.mkdtemp(prefix="bench-update-")))

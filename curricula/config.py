@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from zerosim.config import ConfigError, ranged
+from zerosim.core.config import ConfigError, ranged
 
 
 class ScheduleName(StrEnum):

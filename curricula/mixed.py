@@ -3,7 +3,7 @@
 The rollout draws each search's source — ``"real"`` with probability ``search.mixed.real_share`` (a constant
 or a schedule over training), else ``"sim"`` — as a pure function of (seed, step, trajectory's index in the
 global batch, search number) (:func:`curricula.search_source`), like the curriculum's noise, and puts it on
-the request (:attr:`zerosim.search.SearchRequest.source`). :class:`MixedSearchEngine` routes each request
+the request (:attr:`zerosim.core.search.SearchRequest.source`). :class:`MixedSearchEngine` routes each request
 to the engine its source names: one call per part with that part's requests, results put back in order.
 Both parts see the curriculum's noise pattern: the simulator writes noisy documents, the real retriever
 fills its noisy slots with corpus negatives (``search.negatives``).
@@ -18,7 +18,7 @@ from typing import Any
 from curricula.config import ShareSchedule
 from curricula.noise import search_source
 from curricula.schedules import ConstantSchedule, NoiseSchedule, build_schedule
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 SOURCES = ("sim", "real")
 
@@ -41,7 +41,7 @@ class MixedSearchEngine:
 
     ``share`` is the real share per training step (a :class:`curricula.NoiseSchedule`, or a constant); the
     rollout reads it (:meth:`real_share`) to draw each search's source. A request without a source (one
-    that did not come from :class:`zerosim.rollout.SearchRollout`, e.g. ``zerosim eval --method rag``) is
+    that did not come from :class:`zerosim.agent.rollout.SearchRollout`, e.g. ``zerosim eval --method rag``) is
     drawn here, at the step-0 share, from (seed, the count of such requests so far): reproducible for the
     same sequence of calls. Each part is called exactly once per call, with its requests (possibly none, so
     that in a multi-process rollout every rank calls both parts every turn), and sees them without the
@@ -76,7 +76,7 @@ class MixedSearchEngine:
         return float(self.share.probability(step))
 
     def draw_source(self, step: int, trajectory: int, search: int) -> str:
-        """The rollout's source function (:data:`zerosim.rollout.SourceFn`): who answers that search."""
+        """The rollout's source function (:data:`zerosim.agent.rollout.SourceFn`): who answers that search."""
         return search_source(
             seed=self.seed, step=step, trajectory=trajectory, search=search, real_share=self.real_share(step)
         )

@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from zerosim.metrics import answer_in_text
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.metrics import answer_in_text
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 NEGATIVES = ("hard", "random")
 

@@ -76,7 +76,7 @@ def search_source(*, seed: int, step: int, trajectory: int, search: int, real_sh
 
 
 class CurriculumNoise:
-    """The rollout's noise function (:data:`zerosim.rollout.NoiseFn`): the noise pattern of a search, drawn
+    """The rollout's noise function (:data:`zerosim.agent.rollout.NoiseFn`): the noise pattern of a search, drawn
     by :func:`trajectory_noise` at ``schedule``'s probability for the step."""
 
     def __init__(self, schedule, *, seed: int, k: int, granularity: str = "call"):

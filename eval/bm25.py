@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.index_errors import check_stored_count
-from zerosim.search import Document, SearchError, SearchRequest
+from zerosim.core.search import Document, SearchError, SearchRequest
 
 
 class BM25Retriever:
-    """Sparse lexical retrieval; implements :class:`zerosim.search.SearchEngine`.
+    """Sparse lexical retrieval; implements :class:`zerosim.core.search.SearchEngine`.
 
     Curriculum noise in requests is not applied here (documents come back with ``noisy=None``).
     """

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from zerosim.config import EMBEDDED_DATA, EMBEDDED_MODEL, ranged
-from zerosim.models import DType
-from zerosim.rollout import RolloutConfig
-from zerosim.runtime import RuntimeConfig
-from zerosim.tracking import TrackingConfig
+from zerosim.agent.rollout import RolloutConfig
+from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ranged
+from zerosim.core.models import DType
+from zerosim.core.runtime import RuntimeConfig
+from zerosim.core.tracking import TrackingConfig
 
 
 class FaissType(StrEnum):

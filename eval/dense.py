@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from eval.index_errors import check_stored_count, damaged_index_error
-from zerosim.search import Document, SearchError, SearchRequest
+from zerosim.core.search import Document, SearchError, SearchRequest
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 class DenseRetriever:
-    """Dense retrieval over a passage corpus; implements :class:`zerosim.search.SearchEngine`.
+    """Dense retrieval over a passage corpus; implements :class:`zerosim.core.search.SearchEngine`.
 
     ``faiss_type`` picks the index: ``flat`` (exact, ``IndexFlatIP``), ``hnsw`` (``IndexHNSWFlat``, graph,
     approximate) or ``ivfpq`` (``IndexIVFPQ``, compressed, trained on a seeded sample). ``faiss_options``

@@ -22,13 +22,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from eval.config import HarnessConfig
-from zerosim.data.qa import QAExample
-from zerosim.generation import HFGenerator
-from zerosim.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
-from zerosim.models import encode_chat_prompt
-from zerosim.protocol import extract_answer
-from zerosim.rollout import STOP_STRINGS, SearchRollout, build_prompt
-from zerosim.search import Document, SearchEngine, SearchRequest, format_documents
+from zerosim.agent.protocol import extract_answer
+from zerosim.agent.rollout import STOP_STRINGS, SearchRollout, build_prompt
+from zerosim.core.data.qa import QAExample
+from zerosim.core.generation import HFGenerator
+from zerosim.core.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
+from zerosim.core.models import encode_chat_prompt
+from zerosim.core.search import Document, SearchEngine, SearchRequest, format_documents
 
 DIRECT_PROMPT = (
     "Answer the question in a few words. Write only the answer between <answer> and </answer>, "
@@ -94,7 +94,7 @@ class DatasetResult:
 
 def gold_in_documents(docs: Sequence[Document], golds: Sequence[str]) -> float:
     """Retrieval recall for one question: 1 if a gold answer occurs in some document as whole normalised
-    words (:func:`zerosim.metrics.answer_in_text`, the test the simulator labels and leak checks use)."""
+    words (:func:`zerosim.core.metrics.answer_in_text`, the test the simulator labels and leak checks use)."""
     return float(any(answer_in_text(d.contents, golds) for d in docs))
 
 
@@ -104,7 +104,7 @@ class WithheldAnswers:
 
     Real retrievers ignore those fields anyway; the simulator would otherwise put them in its prompt
     ("The correct answer is: ... Mention it."). ``engine`` stays reachable as ``.engine`` (for
-    :func:`zerosim.rollout.engine_counters`).
+    :func:`zerosim.agent.rollout.engine_counters`).
     """
 
     def __init__(self, engine: SearchEngine):
@@ -134,7 +134,7 @@ def answers_override(search: Any, engine: str | None = None) -> bool:
 
 def empty_dataset_error(name: str, where: str) -> ValueError:
     """The error for a dataset with nothing to evaluate (an average over no rows is no score)."""
-    from zerosim.data.qa import DataError
+    from zerosim.core.data.qa import DataError
 
     return DataError(
         f"dataset {name} ({where}) has no rows to evaluate; fill it, pick another split, or drop it from "
@@ -152,7 +152,7 @@ def _prediction(text: str) -> tuple[str, bool]:
 
 
 def agent_rows(batch: Sequence[QAExample], trajectories: Sequence[Any], tokenizer) -> list[RowResult]:
-    """Scored rows of agent trajectories (:class:`zerosim.rollout.Trajectory`), one per question of ``batch``."""
+    """Scored rows of agent trajectories (:class:`zerosim.agent.rollout.Trajectory`), one per question of ``batch``."""
     rows = []
     for ex, traj in zip(batch, trajectories, strict=True):
         rows.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zerosim.search import Document, SearchEngine, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Document]], k: int, rrf_k: int = 60) -> list[Document]:

@@ -42,8 +42,8 @@ from eval.index_errors import (
     rebuild_index_command,
     recorded_source,
 )
-from zerosim.fsutil import atomic_directory
-from zerosim.search import Document, SearchEngine
+from zerosim.core.fsutil import atomic_directory
+from zerosim.core.search import Document, SearchEngine
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +74,10 @@ def manifest_checksum(manifest: dict) -> str:
 
 
 def check_unique_ids(docs: Sequence[Document], corpus: str | Path | None = None) -> None:
-    """Raise :class:`~zerosim.data.qa.DataError` when two passages share an id, naming the id and both rows
+    """Raise :class:`~zerosim.core.data.qa.DataError` when two passages share an id, naming the id and both rows
     (file lines when ``corpus`` is the file ``docs`` were read from). Results are matched by id (hybrid
     fusion, negatives, gold recall), so a repeated id would silently merge two passages."""
-    from zerosim.data.qa import DataError
+    from zerosim.core.data.qa import DataError
 
     seen: dict[str, int] = {}
     repeats = []
@@ -90,7 +90,7 @@ def check_unique_ids(docs: Sequence[Document], corpus: str | Path | None = None)
         return
     first, second, doc_id = repeats[0]
     if corpus is not None:
-        from zerosim.data.qa import _rows  # the same "file line N" labels the corpus reader gives
+        from zerosim.core.data.qa import _rows  # the same "file line N" labels the corpus reader gives
 
         wheres = [where for where, _ in _rows(Path(corpus))]
         here, there = wheres[second], wheres[first].rsplit(" ", 2)[-2:]
@@ -185,7 +185,7 @@ def build_index(
     per memmap write / faiss add, ``device`` for the encoder. An existing index at ``out`` is replaced only
     once the new one is complete.
     """
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.qa import load_corpus
 
     if kind not in KINDS:
         raise ValueError(f"unknown index kind {kind!r}; valid: {', '.join(KINDS)}")
@@ -291,7 +291,7 @@ def docs_digest(path: str | Path) -> tuple[str, int]:
 
 def corpus_file_fingerprint(corpus: str | Path) -> dict:
     """:func:`corpus_fingerprint` of a corpus file's passages (parsed once per file version and process)."""
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.qa import load_corpus
 
     path = Path(corpus)
     key = _file_key(path) if path.is_file() else None
@@ -404,7 +404,7 @@ def load_index(
     than the index's. The engine keeps the manifest (``engine.manifest``) and its folder
     (``engine.index_dir``).
     """
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.qa import load_corpus
 
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)

@@ -109,7 +109,7 @@ def _spot_check(index, faiss_type: str, corpus: Path, model, passage_prefix: str
     """Mean cosine between the first stored vectors and the encoder's embeddings of those passages' raw
     ``contents`` (as the index's builder encoded them), or ``None`` when the index does not store them exactly
     (IVF-PQ keeps lossy codes) or cannot return them."""
-    from zerosim.data.qa import _rows
+    from zerosim.core.data.qa import _rows
 
     if faiss_type == "ivfpq":
         return None
@@ -160,7 +160,7 @@ def import_index(
         resolve_encoder,
     )
     from zerosim import __version__
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.qa import load_corpus
 
     faiss_file = Path(faiss_file).expanduser().resolve()
     corpus = Path(corpus).expanduser().resolve()

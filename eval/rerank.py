@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 
 @functools.lru_cache(maxsize=2)

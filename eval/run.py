@@ -10,13 +10,13 @@ from typing import Any
 
 from eval.config import HarnessConfig
 from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
-from zerosim.config import ConfigError
-from zerosim.data.embedded import load_questions
-from zerosim.data.jsonl import write_jsonl
-from zerosim.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
-from zerosim.fsutil import atomic_write_text
-from zerosim.search import SearchEngine
-from zerosim.tracking import link_eval_table, log_config, log_jsonl, mlflow_run
+from zerosim.core.config import ConfigError
+from zerosim.core.data.embedded import load_questions
+from zerosim.core.data.jsonl import write_jsonl
+from zerosim.core.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
+from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.search import SearchEngine
+from zerosim.core.tracking import link_eval_table, log_config, log_jsonl, mlflow_run
 
 
 @dataclass
@@ -155,7 +155,7 @@ def _training_run_of(policy_path: str) -> str | None:
         return None
     runs = mlflow.search_runs(
         search_all_experiments=True,
-        filter_string=f"tags.`zerosim.checkpoint` = '{path.resolve()}'",
+        filter_string=f"tags.`zerosim.training.checkpoint` = '{path.resolve()}'",
         output_format="list",
         max_results=1,
     )
@@ -172,7 +172,7 @@ def run_eval(
     import mlflow
     import torch
 
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     torch.manual_seed(cfg.seed)
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads

@@ -10,7 +10,7 @@ implementations:
   :mod:`simulators.openai_server`). The client applies the chat template itself (``/v1/completions``
   takes raw text, and only it accepts a list of prompts in one request), then sends every prompt of a call
   in one request, or in at most ``max_concurrency`` concurrent ones. Bounded retries with backoff, then a
-  :class:`~zerosim.search.SearchError` naming the URL, the attempts and the last problem; each attempt ends
+  :class:`~zerosim.core.search.SearchError` naming the URL, the attempts and the last problem; each attempt ends
   by its deadline (``connect_timeout + read_timeout``), however slowly the server sends.
 """
 
@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 import httpx
 import torch
 
-from zerosim.generation import HFGenerator
-from zerosim.httpretry import Retryable, RetryingClient, check_settings
-from zerosim.models import encode_chat_prompt, format_chat_prompt
-from zerosim.search import SearchError
+from zerosim.core.generation import HFGenerator
+from zerosim.core.http.retry import Retryable, RetryingClient, check_settings
+from zerosim.core.models import encode_chat_prompt, format_chat_prompt
+from zerosim.core.search import SearchError
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +73,14 @@ class TransformersBackend:
     """An in-process transformers causal LM: one left-padded, batched ``generate`` per call.
 
     Args:
-        model, tokenizer: a loaded causal LM and its tokenizer (``zerosim.models.load_causal_lm`` /
+        model, tokenizer: a loaded causal LM and its tokenizer (``zerosim.core.models.load_causal_lm`` /
             ``load_tokenizer``).
         apply_chat_template: wrap each prompt as a user message in the chat template (the simulator's case).
             ``False`` takes prompts as raw text (the OpenAI server's case: its clients send formatted text).
         model_id: the name recorded in :meth:`describe` (cache keys); defaults to the model's
             ``name_or_path``.
         batch_invariant: decode each prompt exactly as if it were alone in its call
-            (``zerosim.decode.decode_invariant``): bit-exact documents whatever the batch (a trained
+            (``zerosim.core.decode.decode_invariant``): bit-exact documents whatever the batch (a trained
             simulator's 16 requests in float32: 17.9 s against 15.8 s without, docs/simulator.md). Off, a
             batched call can differ from one call per prompt only by float rounding that depends on the batch
             (greedy float32: the same text for all 16 requests of ``benchmarks/simulator.py``; bfloat16: 5
@@ -109,7 +109,7 @@ class TransformersBackend:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "auto", **kwargs: Any) -> TransformersBackend:
-        from zerosim.models import load_causal_lm, load_tokenizer
+        from zerosim.core.models import load_causal_lm, load_tokenizer
 
         kwargs.setdefault("model_id", name_or_path)
         return cls(load_causal_lm(name_or_path, dtype), load_tokenizer(name_or_path), **kwargs)
@@ -225,7 +225,7 @@ class OpenAIBackend:
         self.completions_url = f"{base}/v1/completions"
         self.model = model
         if isinstance(tokenizer, str):
-            from zerosim.models import load_tokenizer
+            from zerosim.core.models import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer

@@ -1,4 +1,4 @@
-"""A result cache in front of any :class:`~zerosim.search.SearchEngine`: in-memory LRU plus optional sqlite.
+"""A result cache in front of any :class:`~zerosim.core.search.SearchEngine`: in-memory LRU plus optional sqlite.
 
 The key of a request is a sha256 over everything that changes the engine's answer: the query, question,
 gold answers, noise pattern and ``k``, plus ``key_extra`` — what the engine itself depends on (for the
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from zerosim.search import Document, SearchEngine, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 KEY_VERSION = 1  # bump when the key or the stored format changes: old entries then simply miss
 _SQLITE_BATCH = 500  # keys per SELECT ... IN (...), below sqlite's bound on host parameters
@@ -50,7 +50,7 @@ def documents_from_json(blob: str) -> list[Document]:
 
 
 class CachedSearchEngine:
-    """Answers repeated requests from a cache; implements :class:`zerosim.search.SearchEngine`.
+    """Answers repeated requests from a cache; implements :class:`zerosim.core.search.SearchEngine`.
 
     Args:
         engine: the engine whose answers are cached.

@@ -29,11 +29,11 @@ from tqdm import tqdm
 
 from simulators.config import CollectConfig, JudgeConfig
 from simulators.prompts import SimulatorPrompts, preset_prompts
-from zerosim.data.jsonl import write_jsonl
-from zerosim.data.qa import QAExample
-from zerosim.fsutil import atomic_write_text
-from zerosim.metrics import answer_in_text
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.data.jsonl import write_jsonl
+from zerosim.core.data.qa import QAExample
+from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.metrics import answer_in_text
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 MODES = ("useful", "noisy")
 
@@ -237,8 +237,8 @@ def policy_queries(
     Each distinct (question, query) pair is kept once, with the retriever's top ``depth`` documents.
     ``generator``/``tokenizer`` replace the policy loaded from ``cfg.policy`` (tests script them).
     """
-    from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.rollout import SearchRollout, build_prompt
+    from zerosim.agent.rollout import SearchRollout, build_prompt
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer(cfg.policy)
     recorder = RecordingEngine(retriever, cfg.depth)
@@ -361,7 +361,7 @@ def run_collect(
     The documents come from ``retriever``, or from ``build_engine(cfg.search, seed=cfg.seed)`` (the app's
     factory, :func:`zerosim.engines.build_search_engine`) once the questions are read.
     """
-    from zerosim.data.embedded import load_questions
+    from zerosim.core.data.embedded import load_questions
 
     questions = load_questions(cfg.data, cfg.split)
     if not questions:

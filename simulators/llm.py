@@ -48,8 +48,8 @@ from simulators.config import OnLeak, OnShort, SimulatorConfig
 from simulators.parsing import DOCUMENT_PARSERS
 from simulators.prompts import PRESETS, SimulatorPrompts, load_prompts
 from simulators.relevance import question_coverage
-from zerosim.metrics import answer_in_text
-from zerosim.search import Document, SearchError, SearchRequest
+from zerosim.core.metrics import answer_in_text
+from zerosim.core.search import Document, SearchError, SearchRequest
 
 EMPTY_RESULT_TEXT = "The search engine returned no readable result for this query."
 MISSING_DOC_TEXT = "The search engine could not produce this result."
@@ -65,7 +65,7 @@ class _Job:
 
 
 class LLMSimulator:
-    """Implements :class:`zerosim.search.SearchEngine` with an LLM behind a :class:`TextBackend`.
+    """Implements :class:`zerosim.core.search.SearchEngine` with an LLM behind a :class:`TextBackend`.
 
     Args:
         backend: what completes the prompts (:class:`TransformersBackend`, :class:`OpenAIBackend`, ...).

@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from simulators.backends import TransformersBackend
-from zerosim.http_server import running_app
+from zerosim.core.http.server import running_app
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def start_simulator_server(
     name. ``extra_args`` go to ``vllm serve`` (``--max-model-len 4096``, ``--max-lora-rank 64``, ...).
     """
     adapters = parse_lora(lora)
-    from zerosim.models import resolve_model
+    from zerosim.core.models import resolve_model
 
     path = resolve_model(model)
     name = served_model_name or model

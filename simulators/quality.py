@@ -15,7 +15,7 @@ The report:
 - ``duplicate_rate`` — documents repeating an earlier document of the same result (after normalisation);
 - ``mean_words`` — words per parsed document; ``docs_per_second`` — parsed documents per second of search.
 
-Containment is whole-word on normalised text (:func:`zerosim.metrics.answer_in_text`).
+Containment is whole-word on normalised text (:func:`zerosim.core.metrics.answer_in_text`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from tqdm import tqdm
 
 from simulators.config import SimulatorEvalConfig
 from simulators.llm import FAILURE_TEXTS, build_simulator
-from zerosim.data.jsonl import write_jsonl
-from zerosim.data.qa import QAExample
-from zerosim.metrics import answer_in_text, normalize_answer
-from zerosim.search import Document, SearchEngine, SearchRequest
+from zerosim.core.data.jsonl import write_jsonl
+from zerosim.core.data.qa import QAExample
+from zerosim.core.metrics import answer_in_text, normalize_answer
+from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 COLUMNS = (
     ("useful_answer_share", "useful: has answer"),
@@ -190,9 +190,9 @@ def run_quality(
     import matplotlib.pyplot as plt
     import mlflow
 
-    from zerosim.data.embedded import load_questions
-    from zerosim.fsutil import atomic_write_text
-    from zerosim.tracking import log_config, mlflow_run
+    from zerosim.core.data.embedded import load_questions
+    from zerosim.core.fsutil import atomic_write_text
+    from zerosim.core.tracking import log_config, mlflow_run
 
     questions = load_questions(cfg.data, cfg.split, limit=cfg.limit)
     if not questions:

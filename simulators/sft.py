@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from simulators.config import SimulatorTrainConfig
-from zerosim.data.jsonl import DataError, at_line, iter_jsonl
-from zerosim.fsutil import atomic_directory
+from zerosim.core.data.jsonl import DataError, at_line, iter_jsonl
+from zerosim.core.fsutil import atomic_directory
 
 REQUIRED_COLUMNS = ("prompt", "completion")
 PAIR_COLUMNS = ("mode", "query", "answers")  # what preference_pairs needs besides the conversation
@@ -54,7 +54,7 @@ def _check_row(at: str, row: dict[str, Any]) -> None:
 def read_rows(path: str | Path, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The rows of ``path`` (``prompt``, ``completion`` and the ``extra`` columns); every row checked first.
 
-    A bad file or row raises :class:`~zerosim.data.jsonl.DataError` naming the file, the line and the fix.
+    A bad file or row raises :class:`~zerosim.core.data.jsonl.DataError` naming the file, the line and the fix.
     """
     path = Path(path)
     if not path.is_file():
@@ -101,7 +101,7 @@ def preference_pairs(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict
     """
     from simulators.collect import format_completion
     from simulators.parsing import split_documents
-    from zerosim.metrics import answer_in_text
+    from zerosim.core.metrics import answer_in_text
 
     by_query: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -199,7 +199,7 @@ def _build_trainer(cfg: SimulatorTrainConfig, model, tokenizer, out: Path):
     """``(trainer, rows, plotted)`` for ``cfg.objective``."""
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    from zerosim.tracking import DPO_PLOTTED, SFT_PLOTTED
+    from zerosim.core.tracking import DPO_PLOTTED, SFT_PLOTTED
 
     peft_config = _lora_config(cfg) if cfg.lora else None
     if cfg.objective == "dpo":
@@ -232,9 +232,9 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the checkpoint directory (written atomically)."""
     import mlflow
 
-    from zerosim.config import ConfigError
-    from zerosim.models import load_causal_lm, load_tokenizer
-    from zerosim.tracking import log_config, log_model, log_training_curves, mlflow_run
+    from zerosim.core.config import ConfigError
+    from zerosim.core.models import load_causal_lm, load_tokenizer
+    from zerosim.core.tracking import log_config, log_model, log_training_curves, mlflow_run
 
     if cfg.tracking.log_model and cfg.lora and not cfg.merge_lora:
         raise ConfigError(
@@ -268,7 +268,7 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
             tokenizer.padding_side = "left"  # what batched generation with this checkpoint wants
             tokenizer.save_pretrained(str(tmp))
         log_training_curves(trainer.state.log_history, "plots/sft.png", plotted)
-        mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
+        mlflow.set_tag("zerosim.training.checkpoint", str(target.resolve()))
         mlflow.set_tag("zerosim.lora_adapter", str(cfg.lora and not cfg.merge_lora).lower())
         if cfg.tracking.log_model:  # the final simulator as the run's model
             log_model(target, name="simulator")

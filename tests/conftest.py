@@ -12,14 +12,14 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from zerosim.models import build_tiny_model
+    from zerosim.core.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_dir):
-    from zerosim.models import load_tokenizer
+    from zerosim.core.models import load_tokenizer
 
     return load_tokenizer(str(tiny_model_dir))
 

@@ -4,7 +4,7 @@ settings each algorithm name stands for. Through the trainer itself: tests/test_
 import pytest
 import torch
 
-from zerosim.algorithms import (
+from zerosim.training.algorithms import (
     gae,
     masked_mean,
     outcome_token_rewards,
@@ -34,8 +34,8 @@ def test_uniform_groups():
 
 def test_grpo_args_spell_out_each_algorithm(tmp_path):
     """What `zerosim train` hands TRL: Dr. GRPO unscaled, DAPO clip-higher, an explicit epsilon_high kept."""
-    from zerosim.train import grpo_args
-    from zerosim.train_config import TrainConfig
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.recipe import grpo_args
 
     def args(algorithm, **trainer):
         cfg = TrainConfig()
@@ -55,8 +55,8 @@ def test_grpo_args_spell_out_each_algorithm(tmp_path):
 
 
 def test_dynamic_sampling_is_checked_before_anything_loads():
-    from zerosim.config import ConfigError
-    from zerosim.train_config import load_train_config
+    from zerosim.core.config import ConfigError
+    from zerosim.training.config import load_train_config
 
     assert load_train_config(None, ["trainer.algorithm=dapo"]).trainer.dynamic_sampling is None  # on for dapo
     load_train_config(None, ["trainer.algorithm=rloo", "trainer.dynamic_sampling=true"])

@@ -4,10 +4,10 @@ import pytest
 
 from eval.bm25 import BM25Retriever
 from eval.index import load_index, save_index
-from zerosim.data.embedded import ensure_factbook, load_questions
-from zerosim.data.qa import load_corpus
-from zerosim.metrics import normalize_answer
-from zerosim.search import SearchRequest
+from zerosim.core.data.embedded import ensure_factbook, load_questions
+from zerosim.core.data.qa import load_corpus
+from zerosim.core.metrics import normalize_answer
+from zerosim.core.search import SearchRequest
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 import pytest
 
-from zerosim.config import ConfigError, flatten
-from zerosim.train_config import TrainConfig, load_train_config
+from zerosim.core.config import ConfigError, flatten
+from zerosim.training.config import TrainConfig, load_train_config
 
 
 def test_defaults_and_overrides(tmp_path):

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from zerosim.config import ConfigError, flatten, load_config, to_yaml
+from zerosim.core.config import ConfigError, flatten, load_config, to_yaml
 from zerosim.engines import SearchConfig
 from zerosim.job_config import EvalConfig
-from zerosim.train_config import load_train_config
+from zerosim.training.config import load_train_config
 
 
 def test_a_choice_is_checked_wherever_its_schema_is_nested():

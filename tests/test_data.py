@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.data import DataError, QAExample, build_factbook, factbook, load_corpus, load_qa
-from zerosim.metrics import normalize_answer
+from zerosim.core.data import DataError, QAExample, build_factbook, factbook, load_corpus, load_qa
+from zerosim.core.metrics import normalize_answer
 
 SPLITS = ("train", "dev", "test")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from zerosim.data import DataError, load_qa
+from zerosim.core.data import DataError, load_qa
 
 FLASHRAG_NAMES = ["nq", "hotpotqa", "triviaqa", "popqa", "2wikimultihopqa", "musique", "bamboogle"]
 
@@ -97,7 +97,7 @@ def test_a_hub_dataset_with_a_config_goes_through_load_dataset(monkeypatch):
 
 def test_eval_names_each_dataset_by_its_own_name(tmp_path):
     from eval.run import dataset_names
-    from zerosim.config import ConfigError
+    from zerosim.core.config import ConfigError
 
     root = _flashrag(tmp_path / "flashrag", ["nq", "hotpotqa"])
     _flashrag(tmp_path / "other", ["nq"])
@@ -133,8 +133,8 @@ def test_seven_flashrag_datasets_evaluate_in_one_command(tmp_path, tiny_model_di
 
 
 def test_train_dry_run_resolves_flashrag_specs(tmp_path):
-    from zerosim.plan import plan
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
+    from zerosim.training.dry_run import plan
 
     root = _flashrag(tmp_path / "flashrag", ["nq"], split="train")
     rows = dict(plan(load_train_config(None, [f"data.train={root}:nq:train"])))
@@ -169,7 +169,7 @@ def _search_r1_row(i: int, question: str, answers: list[str], source: str = "nq"
 def test_search_r1_training_parquet_loads_as_questions_with_answers(tmp_path, zerosim_cli, monkeypatch):
     import pandas as pd
 
-    from zerosim.data.qa import parse_qa_row
+    from zerosim.core.data.qa import parse_qa_row
 
     path = tmp_path / "train.parquet"
     pd.DataFrame([

@@ -1,4 +1,4 @@
-"""zerosim's decoding loop (zerosim.decode) against transformers ``generate`` (HFGenerator decoder="transformers").
+"""zerosim's decoding loop (zerosim.core.decode) against transformers ``generate`` (HFGenerator decoder="transformers").
 
 Same tokens for the same prompts and seed, log-probs within float tolerance of a teacher-forced forward,
 stops on the same token, and a multi-turn context continued from the stored prefix instead of encoded again.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerosim.decode import ATTENTION, gqa_sdpa_attention, supports_fast_decode
-from zerosim.generation import HFGenerator
-from zerosim.models import load_causal_lm
+from zerosim.core.decode import ATTENTION, gqa_sdpa_attention, supports_fast_decode
+from zerosim.core.generation import HFGenerator
+from zerosim.core.models import load_causal_lm
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_rows_stop_on_the_token_that_completes_a_stop_string_and_leave_the_batch
     slow = slow.generate(prompts, 16)
     assert [(g.token_ids, g.finish) for g in fast] == [(g.token_ids, g.finish) for g in slow]
     assert fast[0].finish == "stop" and len(fast[0].token_ids) <= 4
-    from zerosim.decode import token_pieces
+    from zerosim.core.decode import token_pieces
 
     assert token_pieces(tokenizer) is token_pieces(tokenizer)  # the text table is built once per tokenizer
     assert {g.finish for g in fast} >= {"stop", "length"}  # some rows stopped while others went on
@@ -169,13 +169,13 @@ def test_a_batch_invariant_call_writes_for_each_prompt_what_a_call_with_that_pro
 
 def test_batch_invariance_holds_across_forward_chunks(model, tokenizer):
     prompts = prompts_of(tokenizer, 5)
-    from zerosim.decode import decode_invariant
+    from zerosim.core.decode import decode_invariant
 
     options = dict(
         temperature=0.0, top_p=1.0, eos_token_ids=frozenset([tokenizer.eos_token_id]), stop_strings=(),
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    from zerosim.decode import attention_implementation, register_attention
+    from zerosim.core.decode import attention_implementation, register_attention
 
     with attention_implementation(model, register_attention()):
         chunked = decode_invariant(model, tokenizer, prompts, 10, rows_per_forward=2, **options)

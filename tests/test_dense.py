@@ -12,10 +12,10 @@ import pytest
 from eval.bm25 import BM25Retriever
 from eval.dense import DenseRetriever, load_encoder
 from eval.hybrid import HybridRetriever
-from zerosim.data.embedded import ensure_factbook, load_questions
-from zerosim.data.qa import load_corpus
-from zerosim.metrics import normalize_answer
-from zerosim.search import SearchEngine, SearchRequest
+from zerosim.core.data.embedded import ensure_factbook, load_questions
+from zerosim.core.data.qa import load_corpus
+from zerosim.core.metrics import normalize_answer
+from zerosim.core.search import SearchEngine, SearchRequest
 
 
 def _section(passage_id: str) -> tuple[str, str]:

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from curricula import ConstantSchedule, CurriculumNoise, trajectory_noise
-from zerosim.distributed import SingleProcess, TurnState
-from zerosim.generation import Generation
-from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
-from zerosim.search import Document
+from zerosim.agent.rollout import RolloutConfig, SearchRollout, build_prompt
+from zerosim.core.distributed import SingleProcess, TurnState
+from zerosim.core.generation import Generation
+from zerosim.core.search import Document
 
 
 class ThreadGroup:

@@ -14,9 +14,9 @@ from eval.harness import (
     markdown_table,
     table,
 )
-from zerosim.data.qa import QAExample
+from zerosim.core.data.qa import QAExample
+from zerosim.core.search import Document
 from zerosim.job_config import EvalConfig
-from zerosim.search import Document
 
 
 class TinyEngine:
@@ -29,7 +29,7 @@ class TinyEngine:
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_model_dir):
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     return load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
 

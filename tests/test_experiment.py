@@ -172,9 +172,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
 def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
     """`train_launcher` (e.g. `accelerate launch ...`) gets `-m zerosim.cli train --config <stage>/train.yaml`,
     and the stage's outputs are read from what that job wrote."""
-    from zerosim.config import load_config
+    from zerosim.core.config import load_config
     from zerosim.experiment import ExperimentConfig, Stage, _run_stage
-    from zerosim.train_config import TrainConfig
+    from zerosim.training.config import TrainConfig
 
     fake = tmp_path / "launcher.py"
     fake.write_text(
@@ -327,7 +327,7 @@ def test_a_new_setting_at_its_default_re_keys_no_stage(tmp_path, monkeypatch):
     import zerosim.experiment as experiment
     from zerosim.engines import SearchConfig
     from zerosim.job_config import EvalConfig
-    from zerosim.train_config import TrainConfig
+    from zerosim.training.config import TrainConfig
 
     def keys(*overrides):
         cfg = experiment.load_experiment(
@@ -362,8 +362,8 @@ def test_a_new_setting_at_its_default_re_keys_no_stage(tmp_path, monkeypatch):
 def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
     """A stage timed beside other CPU-bound work (or in an older record without the measurement) does not
     set the rate the dry run estimates with; one timed on a quiet machine does."""
+    from zerosim.core.runtime import CPUTimes, others_cpu_share
     from zerosim.experiment import RATES, build_stages, estimates, load_experiment
-    from zerosim.runtime import CPUTimes, others_cpu_share
 
     # 20 s of wall on 2 cores; this process used 25 CPU seconds and the machine 35: others took 10 of 40
     start, end = CPUTimes(100.0, 5.0, 2, 0.0), CPUTimes(135.0, 30.0, 2, 20.0)

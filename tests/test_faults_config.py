@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
-from zerosim.config import ConfigError, load_config, parse_range
+from zerosim.core.config import ConfigError, load_config, parse_range
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
-from zerosim.train_config import TrainConfig, load_train_config
+from zerosim.training.config import TrainConfig, load_train_config
 
 # the schemas a command loads (`zerosim train` / `policy warmstart`, `eval`, `simulator collect|train|eval`)
 SCHEMAS = (TrainConfig, EvalConfig, SimulatorCollectConfig, SimulatorTrainConfig, SimulatorEvalConfig)
@@ -48,7 +48,7 @@ def _numeric_fields(node, prefix=""):
 
 
 def _range(cls, name: str) -> str | None:
-    """The range a schema gives its field (``zerosim.config.ranged``), or None."""
+    """The range a schema gives its field (``zerosim.core.config.ranged``), or None."""
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("range")
 
 
@@ -68,7 +68,7 @@ def test_every_numeric_field_of_every_schema_has_a_range():
             if _range(cls, name) is None
         }
     )
-    assert not missing, f"give these numeric fields a range (zerosim.config.ranged): {missing}"
+    assert not missing, f"give these numeric fields a range (zerosim.core.config.ranged): {missing}"
     for schema in SCHEMAS:  # a range only on numbers, and every range parses
         for cls in set(_schema_classes(schema())):
             hints = typing.get_type_hints(cls)
@@ -166,7 +166,7 @@ def cli(tmp_path, monkeypatch):
     import transformers
     from typer.testing import CliRunner
 
-    import zerosim.models
+    import zerosim.core.models
     from zerosim.cli import app
 
     loads = []
@@ -175,8 +175,8 @@ def cli(tmp_path, monkeypatch):
         loads.append(args)
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr(zerosim.models, "load_causal_lm", no_weights)
-    monkeypatch.setattr(zerosim.models, "load_tokenizer", no_weights)
+    monkeypatch.setattr(zerosim.core.models, "load_causal_lm", no_weights)
+    monkeypatch.setattr(zerosim.core.models, "load_tokenizer", no_weights)
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(no_weights))
     monkeypatch.delenv("ZEROSIM_DEBUG", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -296,7 +296,7 @@ def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path
     assert result.exit_code == 0, result.output
     assert "dry run: nothing loaded" in result.output
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
-    from zerosim.plan import plan
+    from zerosim.training.dry_run import plan
 
     rows = dict(plan(load_train_config(None, [
         f"data.train={files['good.jsonl']}", "data.max_examples=2", "validation.every=2",
@@ -308,7 +308,7 @@ def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path
 
 
 def test_non_utf8_data_names_file_and_line_in_normal_loading(files):
-    from zerosim.data import DataError, load_qa
+    from zerosim.core.data import DataError, load_qa
 
     with pytest.raises(DataError, match=r"latin1\.jsonl line 2: not UTF-8 text \(byte 0xf9"):
         load_qa(files["latin1.jsonl"])
@@ -326,10 +326,10 @@ def _raise(exc):
 
 
 def _error(name: str, message: str):
-    from zerosim.config import ConfigError
-    from zerosim.data import DataError
-    from zerosim.models import ModelError
-    from zerosim.search import SearchError
+    from zerosim.core.config import ConfigError
+    from zerosim.core.data import DataError
+    from zerosim.core.models import ModelError
+    from zerosim.core.search import SearchError
 
     kinds = {"ConfigError": ConfigError, "DataError": DataError, "SearchError": SearchError,
              "ModelError": ModelError, "FileExistsError": FileExistsError,
@@ -339,10 +339,10 @@ def _error(name: str, message: str):
 
 # (id, module, function the command calls, error class, command line)
 RAISED = [
-    ("train-SearchError", "zerosim.train", "train", "SearchError", ["train"]),
-    ("train-FileExistsError", "zerosim.train", "train", "FileExistsError", ["train"]),
-    ("train-ConfigError", "zerosim.train", "train", "ConfigError", ["train"]),
-    ("train-DataError", "zerosim.train", "train", "DataError", ["train"]),
+    ("train-SearchError", "zerosim.training.recipe", "train", "SearchError", ["train"]),
+    ("train-FileExistsError", "zerosim.training.recipe", "train", "FileExistsError", ["train"]),
+    ("train-ConfigError", "zerosim.training.recipe", "train", "ConfigError", ["train"]),
+    ("train-DataError", "zerosim.training.recipe", "train", "DataError", ["train"]),
     ("eval-SearchError", "eval.run", "run_eval", "SearchError", ["eval"]),
     ("eval-FileExistsError", "eval.run", "run_eval", "FileExistsError", ["eval"]),
     ("index-build-FileExistsError", "eval.index", "build_index", "FileExistsError", ["index", "build", "--corpus", "factbook", "--kind", "bm25", "--out", "idx"]),
@@ -350,7 +350,7 @@ RAISED = [
     ("serve-SearchError", "eval.index", "load_index", "SearchError", ["serve", "retriever", "--index", "idx"]),
     ("simulator-serve-FileNotFoundError", "simulators.openai_server", "start_simulator_server", "FileNotFoundError", ["simulator", "serve"]),
     ("simulator-train-FileExistsError", "simulators.sft", "run_sft", "FileExistsError", ["simulator", "train"]),
-    ("warmstart-DataError", "zerosim.warmstart", "run_warmstart", "DataError", ["policy", "warmstart"]),
+    ("warmstart-DataError", "zerosim.training.warmstart", "run_warmstart", "DataError", ["policy", "warmstart"]),
 ]  # fmt: skip
 
 
@@ -364,9 +364,11 @@ def test_user_errors_out_of_a_command_are_one_line(cli, monkeypatch, module, fun
 
 
 def test_debug_shows_the_traceback(cli, files, monkeypatch):
-    import zerosim.train
+    import zerosim.training.recipe
 
-    monkeypatch.setattr(zerosim.train, "train", _raise(FileExistsError("outputs/x holds another run")))
+    monkeypatch.setattr(
+        zerosim.training.recipe, "train", _raise(FileExistsError("outputs/x holds another run"))
+    )
     for result in (
         cli("train", env={"ZEROSIM_DEBUG": "1"}),
         cli("train", "--debug"),

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.data.qa import QAExample
-from zerosim.generation import Generation
+from zerosim.agent.rollout import RolloutConfig, SearchRollout, build_prompt
+from zerosim.core.data.qa import QAExample
+from zerosim.core.generation import Generation
+from zerosim.core.search import Document
 from zerosim.job_config import EvalConfig
-from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
-from zerosim.search import Document
-from zerosim.train_config import TrainConfig, ValidationConfig
+from zerosim.training.config import TrainConfig, ValidationConfig
 
 GOLD = "Cair Paravel"  # in no question, query or simulated document: found in a prompt only if leaked
 QUESTION = "What is the capital of Narnia?"
@@ -61,14 +61,14 @@ def test_bad_eval_input_stops_before_a_model_loads(
 ):
     from typer.testing import CliRunner
 
-    import zerosim.models
+    import zerosim.core.models
     from zerosim.cli import app
 
     def no_model(*a, **kw):
         raise AssertionError("a model was loaded for an evaluation that cannot run")
 
-    monkeypatch.setattr(zerosim.models, "load_causal_lm", no_model)
-    monkeypatch.setattr(zerosim.models, "load_tokenizer", no_model)
+    monkeypatch.setattr(zerosim.core.models, "load_causal_lm", no_model)
+    monkeypatch.setattr(zerosim.core.models, "load_tokenizer", no_model)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")  # restored after the test (mlflow_run would set it)
     files = _files(tmp_path)
     db = tmp_path / "mlflow.db"
@@ -90,7 +90,7 @@ def test_bad_eval_input_stops_before_a_model_loads(
 def test_evaluator_rejects_zero_rows_and_batch_size_0(tiny_model_dir):
     """The harness itself (API use, no config loader in front): no score over nothing."""
     from eval.harness import Evaluator
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     model, tok = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
@@ -130,7 +130,7 @@ def test_dataset_names_are_distinct(tmp_path, specs, names):
 )  # fmt: skip
 def test_dataset_names_that_cannot_be_told_apart(monkeypatch, tmp_path, specs, error):
     from eval.run import dataset_names
-    from zerosim.config import ConfigError
+    from zerosim.core.config import ConfigError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=error):
@@ -152,7 +152,7 @@ CONTAINMENT_CASES = [
 )
 def test_recall_and_labels_share_one_containment_test(text, gold, found):
     from eval.harness import gold_in_documents
-    from zerosim.metrics import answer_in_text
+    from zerosim.core.metrics import answer_in_text
 
     assert answer_in_text(text, [gold]) is found
     assert gold_in_documents([Document("1", "t", text)], [gold]) == float(found)
@@ -221,7 +221,7 @@ def configure(search, pass_answers):
 
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir):
-    from zerosim.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_causal_lm, load_tokenizer
 
     return load_causal_lm(str(tiny_model_dir), "float32"), load_tokenizer(str(tiny_model_dir))
 
@@ -231,7 +231,7 @@ def trainer(tmp_path_factory, policy):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.trainer import SearchTrainer
+    from zerosim.training.trainer import SearchTrainer
 
     model, tok = policy
     args = GRPOConfig(
@@ -272,7 +272,7 @@ def _training_prompts(policy, pass_answers):
 
 def _validation_prompts(policy, trainer, monkeypatch, pass_answers, engine):
     """Validation built as training builds it (``build_validation``), over the training engine or its own."""
-    import zerosim.train
+    import zerosim.training.recipe
 
     _, tok = policy
     cfg = TrainConfig()
@@ -280,8 +280,8 @@ def _validation_prompts(policy, trainer, monkeypatch, pass_answers, engine):
     cfg.rollout = ROLLOUT
     cfg.validation = ValidationConfig(every=1, batch_size=2, engine=engine)
     train_sim, own_sim = simulator(value), simulator(value)
-    monkeypatch.setattr(zerosim.train, "build_search_engine", lambda *a, **kw: own_sim)
-    val = zerosim.train.build_validation(cfg, QUESTIONS, train_sim, tok).bind(trainer)
+    monkeypatch.setattr(zerosim.training.recipe, "build_search_engine", lambda *a, **kw: own_sim)
+    val = zerosim.training.recipe.build_validation(cfg, QUESTIONS, train_sim, tok).bind(trainer)
     val.generator_for = lambda model, sync: SearchThenAnswer(tok)
     val.validate(0)
     return (train_sim if engine == "train" else own_sim).backend.prompts

@@ -30,11 +30,11 @@ from eval.bm25 import BM25Retriever
 from eval.config import BM25Config
 from simulators import OpenAIBackend, TransformersBackend
 from simulators.openai_server import create_openai_app
-from zerosim.config import ConfigError
+from zerosim.core.config import ConfigError
+from zerosim.core.http.client import HTTPConfig, HTTPSearchEngine
+from zerosim.core.http.server import running_app, running_server
+from zerosim.core.search import Document, SearchError, SearchRequest
 from zerosim.engines import SearchConfig, build_search_engine, curriculum_adds_noise
-from zerosim.http_search import HTTPConfig, HTTPSearchEngine
-from zerosim.http_server import running_app, running_server
-from zerosim.search import Document, SearchError, SearchRequest
 
 CORPUS = [
     Document("peru-0", "Peru - Government", "The capital of Peru is Lima."),
@@ -244,7 +244,7 @@ def test_a_trickling_health_check_is_cut_off_too():
 
 @pytest.fixture(scope="module")
 def simulator_url(tiny_model_dir, tokenizer):
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     backend = TransformersBackend(
         load_causal_lm(str(tiny_model_dir), "float32"), tokenizer, apply_chat_template=False
@@ -532,8 +532,8 @@ def test_which_curricula_ask_for_noise(schedule, p_start, p_end, noisy):
 
 def test_training_against_a_server_that_cannot_honour_noise_stops_at_start_up(tmp_path, tiny_model_dir):
     """Through ``train``: the engine is refused when it is built, before any search, run or checkpoint."""
-    from zerosim.train import train
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
+    from zerosim.training.recipe import train
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text(

@@ -21,9 +21,9 @@ import pytest
 
 from eval.config import BM25Config, DenseConfig
 from eval.index import IndexMismatchError, build_index, load_index, read_manifest, save_index
-from zerosim.data.qa import DataError
+from zerosim.core.data.qa import DataError
+from zerosim.core.search import SearchRequest
 from zerosim.engines import SearchConfig, build_search_engine
-from zerosim.search import SearchRequest
 
 PASSAGES = [
     ("p0", "Peru\nThe capital of Peru is Lima, on the Pacific coast."),
@@ -110,7 +110,7 @@ def garble_manifest(index: Path, ctx) -> None:
 
 def bm25s_of_fewer_passages(index: Path, ctx) -> None:
     from eval.bm25 import BM25Retriever
-    from zerosim.data.qa import load_corpus
+    from zerosim.core.data.qa import load_corpus
 
     shutil.rmtree(index / "bm25s")
     BM25Retriever(load_corpus(ctx.other)).index().write_files(index)
@@ -264,7 +264,7 @@ def test_bad_corpus_is_refused_at_build(rows, error, expect, tmp_path):
 
 def test_duplicate_ids_refused_when_saving_a_retriever(tmp_path):
     from eval.bm25 import BM25Retriever
-    from zerosim.search import Document
+    from zerosim.core.search import Document
 
     docs = [Document.from_contents("a", "A\none"), Document.from_contents("a", "B\ntwo")]
     with pytest.raises(DataError, match="passage 2: id 'a' repeats the id of passage 1"):
@@ -355,8 +355,8 @@ def _mode(path: Path) -> int:
 
 
 def test_created_folders_and_files_follow_the_umask(umask_027, built, tmp_path):
-    from zerosim.distributed import shared_atomic_directory
-    from zerosim.fsutil import atomic_directory, atomic_write_text
+    from zerosim.core.distributed import shared_atomic_directory
+    from zerosim.core.fsutil import atomic_directory, atomic_write_text
 
     with atomic_directory(tmp_path / "plain") as tmp:
         (tmp / "f.txt").write_text("x")

@@ -1,6 +1,6 @@
 import pytest
 
-from zerosim.fsutil import atomic_directory
+from zerosim.core.fsutil import atomic_directory
 
 
 def test_success_replaces_target(tmp_path):
@@ -32,8 +32,8 @@ def test_two_processes_starting_on_a_fresh_cache_build_the_index_once(tmp_path, 
     import time
 
     import eval.index
+    from zerosim.core.search import SearchRequest
     from zerosim.engines import real_retriever
-    from zerosim.search import SearchRequest
 
     monkeypatch.setenv("ZEROSIM_HOME", str(tmp_path / "home"))
     corpus = tmp_path / "corpus.jsonl"

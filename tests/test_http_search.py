@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from eval.bm25 import BM25Retriever
-from zerosim.http_search import HTTPSearchEngine
-from zerosim.http_server import running_server
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.http.client import HTTPSearchEngine
+from zerosim.core.http.server import running_server
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 CORPUS = [
     Document("peru-0", "Peru - Government", "The capital of Peru is Lima."),
@@ -128,7 +128,7 @@ def fake(fake_server):
     return engine, url
 
 
-# -- round trips against zerosim.http_server ------------------------------------------------------------
+# -- round trips against zerosim.core.http.server ------------------------------------------------------------
 
 
 def test_same_documents_as_the_engine_in_process(bm25_url):
@@ -329,7 +329,7 @@ def test_slow_server_times_out_after_retries():
 
 def test_backoff_doubles_and_is_capped(monkeypatch):
     sleeps: list[float] = []
-    monkeypatch.setattr("zerosim.httpretry.time.sleep", sleeps.append)
+    monkeypatch.setattr("zerosim.core.http.retry.time.sleep", sleeps.append)
     client = HTTPSearchEngine(dead_url(), retries=6, backoff=0.5, max_backoff=3.0, check_health=False)
     with client, pytest.raises(SearchError, match="after 6 attempts"):
         client.search([SearchRequest("q")], 1)

@@ -8,7 +8,7 @@ import pytest
 
 from eval.hybrid import HybridRetriever, reciprocal_rank_fusion
 from eval.rerank import CrossEncoderReranker
-from zerosim.search import Document, SearchEngine, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 
 def _doc(i: str) -> Document:

@@ -12,9 +12,9 @@ import pytest
 from eval.bm25 import BM25Retriever
 from eval.dense import DenseRetriever, load_encoder
 from eval.index import IndexMismatchError, build_index, load_index, read_manifest
-from zerosim.data.embedded import ensure_factbook
-from zerosim.data.qa import load_corpus
-from zerosim.search import SearchRequest
+from zerosim.core.data.embedded import ensure_factbook
+from zerosim.core.data.qa import load_corpus
+from zerosim.core.search import SearchRequest
 
 QUERIES = [
     SearchRequest("capital of Afghanistan"),

@@ -16,9 +16,9 @@ import pytest
 
 from eval.dense import load_encoder, read_faiss_index
 from eval.index import IndexMismatchError, load_index, read_manifest
+from zerosim.core.search import SearchRequest
 from zerosim.engines import build_search_engine
-from zerosim.search import SearchRequest
-from zerosim.train_config import load_train_config
+from zerosim.training.config import load_train_config
 
 CITIES = ["Zürich", "Lima", "Oslo", "Quito", "Hanoi", "Accra", "Dakar", "Riga", "Sofia", "Tunis"]
 

@@ -16,11 +16,11 @@ import time
 import fastapi
 import pytest
 
-from zerosim.config import ConfigError
-from zerosim.http_server import running_app
-from zerosim.judge import JudgeError, LLMJudge, parse_verdict
-from zerosim.rewards import make_reward_func
-from zerosim.train_config import load_train_config
+from zerosim.agent.rewards import make_reward_func
+from zerosim.core.config import ConfigError
+from zerosim.core.http.server import running_app
+from zerosim.core.judge import JudgeError, LLMJudge, parse_verdict
+from zerosim.training.config import load_train_config
 
 FAST = {"connect_timeout": 0.3, "read_timeout": 0.5, "retries": 2, "backoff": 0.05}
 BOUND = FAST["retries"] * (FAST["connect_timeout"] + FAST["read_timeout"]) + FAST["backoff"]
@@ -115,7 +115,7 @@ def test_scores_follow_the_judge_and_repeats_are_cached(fake_judge, api):
 
 
 def test_weights_combine_the_judge_with_f1_and_the_training_wrapper_logs_it(fake_judge):
-    from zerosim.train import build_dataset, instrumented
+    from zerosim.training.recipe import build_dataset, instrumented
 
     url, _ = fake_judge
     judge = LLMJudge(url, "judge", **FAST)
@@ -130,7 +130,7 @@ def test_weights_combine_the_judge_with_f1_and_the_training_wrapper_logs_it(fake
     with pytest.raises(ValueError, match="judge=LLMJudge"):
         make_reward_func("judge")
 
-    from zerosim.data.qa import QAExample
+    from zerosim.core.data.qa import QAExample
 
     dataset, _ = build_dataset([QAExample(id="a", question="Capital of Peru?", golden_answers=["Lima"])])
     assert dataset["question"] == ["Capital of Peru?"]  # the column the judge reward reads
@@ -170,7 +170,7 @@ def test_the_real_tiny_model_server_goes_through_the_client_and_its_garbage_is_a
 ):
     from simulators import TransformersBackend
     from simulators.openai_server import running_openai_server
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     backend = TransformersBackend(
         load_causal_lm(str(tiny_model_dir), "float32"), tokenizer, apply_chat_template=False
@@ -218,11 +218,11 @@ def test_training_asks_the_judge_and_logs_its_counts_to_mlflow(
     engine are closed when training returns."""
     import mlflow
 
-    import zerosim.train
-    from zerosim.judge import LLMJudge
+    import zerosim.training.recipe
+    from zerosim.core.judge import LLMJudge
 
     closed = []
-    close_judge, build_engine = LLMJudge.close, zerosim.train.build_search_engine
+    close_judge, build_engine = LLMJudge.close, zerosim.training.recipe.build_search_engine
     monkeypatch.setattr(LLMJudge, "close", lambda self: (closed.append("judge"), close_judge(self)))
 
     def build(*args, **kwargs):
@@ -230,7 +230,7 @@ def test_training_asks_the_judge_and_logs_its_counts_to_mlflow(
         engine.close = lambda: closed.append("engine")
         return engine
 
-    monkeypatch.setattr(zerosim.train, "build_search_engine", build)
+    monkeypatch.setattr(zerosim.training.recipe, "build_search_engine", build)
     url, _ = fake_judge
     qa, corpus = capitals(4)
     zerosim_cli(

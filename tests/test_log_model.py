@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.config import ConfigError
+from zerosim.core.config import ConfigError
 
 ROWS = [
     {
@@ -35,13 +35,13 @@ def test_simulator_train_logs_a_loadable_model(tmp_path, tiny_model_dir, mlflow_
     (run,) = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
     tags, run_id = run.data.tags, run.info.run_id
     assert run.data.params["sft.tracking.log_model"] == "True"
-    assert tags["zerosim.config"] == f"runs:/{run_id}/config.yaml"
+    assert tags["zerosim.core.config"] == f"runs:/{run_id}/config.yaml"
     uri = tags["zerosim.model_uri"]
     assert uri.startswith("models:/") and "zerosim.eval_table" not in tags  # no eval yet
     assert mlflow.models.get_model_info(uri).flavors["transformers"]["task"] == "text-generation"
     # the logged model is the checkpoint: loaded back, it generates what the folder's model generates
     logged = mlflow.transformers.load_model(uri, return_type="components")
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     model, tokenizer = logged["model"], logged["tokenizer"]
     ids = tokenizer("capital of country A", return_tensors="pt").input_ids
@@ -74,7 +74,7 @@ def test_log_model_refuses_an_adapter_only_checkpoint(tmp_path, tiny_model_dir, 
 
 def test_log_model_is_a_boolean_flag():
     """(``zerosim train`` with the flag: tests/test_train_e2e.py::test_cli_train_two_steps_logs_metrics_and_checkpoint.)"""
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
 
     assert load_train_config(None, []).tracking.log_model is False
     assert load_train_config(None, ["tracking.log_model=true"]).tracking.log_model is True

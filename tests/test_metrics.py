@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zerosim.metrics import cover_exact_match, exact_match, f1_score, normalize_answer
+from zerosim.core.metrics import cover_exact_match, exact_match, f1_score, normalize_answer
 
 
 @pytest.mark.parametrize(

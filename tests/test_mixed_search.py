@@ -12,12 +12,12 @@ import pytest
 from curricula import search_source, trajectory_noise
 from curricula.config import CurriculumConfig
 from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
-from zerosim.config import ConfigError
-from zerosim.generation import Generation
-from zerosim.metrics import exact_match, f1_score
-from zerosim.rollout import SearchRollout, build_prompt, engine_counters
-from zerosim.search import Document, SearchRequest
-from zerosim.train_config import load_train_config
+from zerosim.agent.rollout import SearchRollout, build_prompt, engine_counters
+from zerosim.core.config import ConfigError
+from zerosim.core.generation import Generation
+from zerosim.core.metrics import exact_match, f1_score
+from zerosim.core.search import Document, SearchRequest
+from zerosim.training.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ class PlannedGenerator:
 
 def _mixed_rollout(tokenizer, engine, n=24):
     from curricula import ConstantSchedule, CurriculumNoise
-    from zerosim.rollout import RolloutConfig
+    from zerosim.agent.rollout import RolloutConfig
 
     questions = [f"Q{i} what is the capital?" for i in range(n)]
     examples = {build_prompt(q): (q, ("Lima",)) for q in questions}
@@ -331,7 +331,7 @@ def test_rollout_over_a_plain_engine_has_no_mixed_record(tokenizer):
 
 
 def test_reward_by_source_groups_the_trainers_rewards():
-    from zerosim.train import reward_by_source
+    from zerosim.training.recipe import reward_by_source
 
     rewards = [1.0, 0.0, 0.5, None, 1.0]
     groups = ["real", "sim", "sim", "real", "none"]
@@ -368,7 +368,7 @@ def test_mixed_config_errors_name_the_key_and_the_fix():
 
 
 def test_plan_shows_both_parts_and_the_share_over_the_run():
-    from zerosim.plan import plan
+    from zerosim.training.dry_run import plan
 
     cfg = load_train_config(
         ROOT / "configs" / "demo.yaml",

@@ -1,6 +1,6 @@
 import pytest
 
-from zerosim.models import ModelError, default_dtype, resolve_model
+from zerosim.core.models import ModelError, default_dtype, resolve_model
 
 
 def test_missing_local_path_is_named(tmp_path):
@@ -38,7 +38,7 @@ def test_embedded_model_is_converted_with_chat_tokens():
     import json
     from pathlib import Path
 
-    from zerosim.models import load_tokenizer
+    from zerosim.core.models import load_tokenizer
 
     path = Path(resolve_model("smollm2"))
     config = json.loads((path / "config.json").read_text())

@@ -9,8 +9,8 @@ import torch
 
 from curricula import MixedSearchEngine
 from simulators import CachedSearchEngine, LLMSimulator
-from zerosim.rollout import engine_counters
-from zerosim.search import Document, SearchRequest
+from zerosim.agent.rollout import engine_counters
+from zerosim.core.search import Document, SearchRequest
 
 
 class TwoDocBackend:
@@ -80,7 +80,7 @@ def _trainer(weight: float):
 
 def test_checkpoint_state_reaches_the_trainer_bound_to_it(tmp_path):
     """The state callback saves the bound trainer's critic; another, bound to a new trainer, restores it."""
-    from zerosim.checkpoint import ZerosimState, complete
+    from zerosim.training.checkpoint import ZerosimState, complete
 
     checkpoint = tmp_path / "checkpoint-1"
     checkpoint.mkdir()
@@ -105,10 +105,10 @@ def test_checkpoint_state_reaches_the_trainer_bound_to_it(tmp_path):
 
 
 def test_validation_refuses_to_run_before_it_is_bound(tokenizer):
-    from zerosim.data import QAExample
-    from zerosim.rollout import RolloutConfig
-    from zerosim.train_config import ValidationConfig
-    from zerosim.validation import Validation
+    from zerosim.agent.rollout import RolloutConfig
+    from zerosim.core.data import QAExample
+    from zerosim.training.config import ValidationConfig
+    from zerosim.training.validation import Validation
 
     val = Validation(
         ValidationConfig(every=1), [QAExample("q0", "Capital of Peru?", ("Lima",))],
@@ -122,8 +122,8 @@ def test_validation_refuses_to_run_before_it_is_bound(tokenizer):
 
 def test_the_engine_server_lives_beside_the_http_client():
     assert importlib.util.find_spec("zerosim.server") is None
-    from zerosim.http_search import HTTPSearchEngine
-    from zerosim.http_server import running_server
+    from zerosim.core.http.client import HTTPSearchEngine
+    from zerosim.core.http.server import running_server
 
     with running_server(InHouseRetriever()) as url, HTTPSearchEngine(url) as client:
         (docs,) = client.search([SearchRequest("lima")], 2)

@@ -5,8 +5,8 @@ import pytest
 from curricula import draw_noise
 from curricula.negatives import CorpusNegatives
 from eval.bm25 import BM25Retriever
-from zerosim.metrics import answer_in_text
-from zerosim.search import Document, SearchError, SearchRequest
+from zerosim.core.metrics import answer_in_text
+from zerosim.core.search import Document, SearchError, SearchRequest
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from zerosim.data.jsonl import DataError, read_jsonl, write_jsonl
+from zerosim.core.data.jsonl import DataError, read_jsonl, write_jsonl
 
 # -- JSON lines ----------------------------------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ def test_every_jsonl_reader_raises_the_one_data_error(tmp_path):
     """The SFT reader (once ``DatasetError``), the QA loader and the experiment's score reader share it."""
     import simulators.sft
     from simulators.sft import load_sft_dataset
-    from zerosim.data import load_qa
+    from zerosim.core.data import load_qa
     from zerosim.experiment import _scores
 
     assert not hasattr(simulators.sft, "DatasetError")
@@ -79,7 +79,7 @@ def test_every_jsonl_reader_raises_the_one_data_error(tmp_path):
 
 def test_every_jsonl_writer_writes_what_read_jsonl_reads(tmp_path, monkeypatch):
     """collect's dataset, eval's questions.jsonl, quality's samples and MLflow artifacts: one line format."""
-    from zerosim import tracking
+    from zerosim.core import tracking
 
     logged = {}
     monkeypatch.setattr("mlflow.log_text", lambda text, name: logged.update({name: text}))
@@ -112,7 +112,7 @@ def test_every_jsonl_writer_writes_what_read_jsonl_reads(tmp_path, monkeypatch):
 )
 def test_one_tag_parser(text, answer, action):
     from eval.harness import _prediction
-    from zerosim.protocol import extract_answer, last_tag, parse_action
+    from zerosim.agent.protocol import extract_answer, last_tag, parse_action
 
     assert extract_answer(text) == answer
     assert parse_action(text) == action
@@ -123,10 +123,12 @@ def test_one_tag_parser(text, answer, action):
 
 
 def test_rewards_and_rollout_keep_no_parser_of_their_own():
-    import zerosim.rewards
-    import zerosim.rollout
+    import zerosim.agent.rewards
+    import zerosim.agent.rollout
 
-    assert not hasattr(zerosim.rewards, "ANSWER_RE") and not hasattr(zerosim.rollout, "_ACTION_RE")
+    assert not hasattr(zerosim.agent.rewards, "ANSWER_RE") and not hasattr(
+        zerosim.agent.rollout, "_ACTION_RE"
+    )
 
 
 # -- the chat-template encoder ---------------------------------------------------------------------------------
@@ -135,11 +137,11 @@ def test_rewards_and_rollout_keep_no_parser_of_their_own():
 def test_one_chat_encoder_gives_the_ids_every_old_path_gave(tokenizer, tiny_model_dir):
     from eval.harness import DIRECT_PROMPT, Evaluator
     from simulators.backends import TransformersBackend
-    from zerosim.data.qa import QAExample
-    from zerosim.generation import Generation
+    from zerosim.agent.rollout import ProtocolTokens, build_prompt
+    from zerosim.core.data.qa import QAExample
+    from zerosim.core.generation import Generation
+    from zerosim.core.models import encode_chat_prompt, format_chat_prompt, load_causal_lm
     from zerosim.job_config import EvalConfig
-    from zerosim.models import encode_chat_prompt, format_chat_prompt, load_causal_lm
-    from zerosim.rollout import ProtocolTokens, build_prompt
 
     text = build_prompt("What is the capital of Peru?")
     messages = [{"role": "user", "content": text}]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.config import ConfigError
-from zerosim.plan import plan
-from zerosim.train import require_vllm, vllm_args
-from zerosim.train_config import load_train_config
+from zerosim.core.config import ConfigError
+from zerosim.training.config import load_train_config
+from zerosim.training.dry_run import plan
+from zerosim.training.recipe import require_vllm, vllm_args
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
@@ -37,7 +37,7 @@ def test_plan_batch_arithmetic_and_curriculum():
 
 def test_dry_run_fails_on_what_would_fail_at_start(tmp_path):
     cfg = load_train_config(None, [f"policy.model={tmp_path / 'missing-checkpoint'}"])
-    from zerosim.models import ModelError
+    from zerosim.core.models import ModelError
 
     with pytest.raises(ModelError, match="does not exist"):
         plan(cfg)

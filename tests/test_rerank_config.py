@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from eval.rerank import CrossEncoderReranker, load_cross_encoder
-from zerosim.config import ConfigError, load_config
+from zerosim.core.config import ConfigError, load_config
+from zerosim.core.search import Document, SearchRequest
 from zerosim.engines import build_search_engine, real_retriever
 from zerosim.job_config import EvalConfig
-from zerosim.search import Document, SearchRequest
-from zerosim.train_config import load_train_config
+from zerosim.training.config import load_train_config
 
 QUERIES = ["capital of country C", "what city is the capital of country F", "country A"]
 
@@ -137,7 +137,7 @@ def test_rerank_over_the_simulator_is_refused_for_eval_and_by_the_factory():
 
 
 def test_dry_run_shows_the_reranker(tmp_path, capitals, tiny_cross_encoder, zerosim_cli, monkeypatch):
-    from zerosim.plan import plan
+    from zerosim.training.dry_run import plan
 
     monkeypatch.chdir(tmp_path)
     _, corpus = capitals()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerosim.config import ConfigError
-from zerosim.train_config import TrainConfig, load_train_config
+from zerosim.core.config import ConfigError
+from zerosim.training.config import TrainConfig, load_train_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPER = REPO / "tests" / "helpers" / "kill_during_save.py"
@@ -134,7 +134,7 @@ def _cfg(out: Path, *overrides: str) -> TrainConfig:
 def test_fresh_run_into_a_folder_with_checkpoints_refuses_before_loading_weights(
     tmp_path, monkeypatch, data_files
 ):
-    import zerosim.train as train_module
+    import zerosim.training.recipe as train_module
 
     qa, _ = data_files
     folder = tmp_path / "run"
@@ -156,7 +156,7 @@ def test_fresh_run_into_a_folder_with_checkpoints_refuses_before_loading_weights
 
 
 def test_a_folder_holding_only_final_or_warmstart_is_reused_by_a_fresh_run(tmp_path):
-    from zerosim.train import resume_point
+    from zerosim.training.recipe import resume_point
 
     folder = tmp_path / "run"
     for sub in ("final", "warmstart/final", "critic"):
@@ -185,7 +185,7 @@ def finished_run(killed_and_resumed, tmp_path, tiny_model_dir, data_files):
 
 
 def test_resume_accepts_its_own_run_and_the_fields_a_resume_may_change(finished_run):
-    from zerosim.train import resume_point
+    from zerosim.training.recipe import resume_point
 
     folder, cfg = finished_run
     checkpoint, run_id = resume_point(cfg, folder)
@@ -203,7 +203,7 @@ def test_resume_accepts_its_own_run_and_the_fields_a_resume_may_change(finished_
 
 
 def test_resume_refuses_a_store_that_does_not_hold_the_run(finished_run, tmp_path):
-    from zerosim.train import resume_point
+    from zerosim.training.recipe import resume_point
 
     folder, cfg = finished_run
     cfg.tracking.tracking_uri = f"sqlite:///{tmp_path / 'other.db'}"
@@ -214,7 +214,7 @@ def test_resume_refuses_a_store_that_does_not_hold_the_run(finished_run, tmp_pat
 
 
 def test_resume_refuses_a_checkpoint_trained_with_another_config(finished_run):
-    from zerosim.train import resume_point
+    from zerosim.training.recipe import resume_point
 
     folder, cfg = finished_run
     cfg.run.seed, cfg.trainer.learning_rate = 1, 0.5
@@ -226,7 +226,7 @@ def test_resume_refuses_a_checkpoint_trained_with_another_config(finished_run):
 
 
 def test_resume_refuses_a_checkpoint_of_another_run(finished_run):
-    from zerosim.train import resume_point
+    from zerosim.training.recipe import resume_point
 
     folder, cfg = finished_run
     ours = json.loads((folder / "mlflow_run.json").read_text())["run_id"]
@@ -247,7 +247,7 @@ class RunsCode:
 
 
 def test_a_state_file_holding_code_is_refused_not_run(tmp_path):
-    from zerosim import train as train_module
+    from zerosim.training import recipe as train_module
 
     folder = tmp_path / "run"
     checkpoint = folder / "checkpoint-1"
@@ -282,7 +282,7 @@ def _checkpoint(folder: Path, step: int, state: dict | None, files: dict[str, by
 
 def test_an_unreadable_state_file_falls_back_to_the_checkpoint_before(tmp_path):
     """A machine crash can leave a renamed but empty state file: that checkpoint is skipped, not a crash."""
-    from zerosim.checkpoint import last_complete_checkpoint
+    from zerosim.training.checkpoint import last_complete_checkpoint
 
     good = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, {"model.bin": b"abc"})
     _checkpoint(tmp_path, 2, None, {"model.bin": b"abc"})
@@ -292,7 +292,7 @@ def test_an_unreadable_state_file_falls_back_to_the_checkpoint_before(tmp_path):
 def test_rotation_keeps_the_last_complete_checkpoint_when_the_new_one_is_not(tmp_path):
     """save_total_limit=1: a new checkpoint whose listed files are not all there (another rank still writing,
     a short write) does not make the previous one deletable."""
-    from zerosim.checkpoint import ZerosimState, last_complete_checkpoint
+    from zerosim.training.checkpoint import ZerosimState, last_complete_checkpoint
 
     good = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, {"model.bin": b"abc"})
     _checkpoint(tmp_path, 2, {"global_step": 2, "files": {"model.bin": 3}}, {"model.bin": b"ab"})  # short
@@ -301,7 +301,7 @@ def test_rotation_keeps_the_last_complete_checkpoint_when_the_new_one_is_not(tmp
 
 
 def test_a_checkpoint_of_an_older_zerosim_is_refused_saying_so(tmp_path):
-    from zerosim.checkpoint import resume_point
+    from zerosim.training.checkpoint import resume_point
 
     folder = tmp_path / "run"
     _checkpoint(folder, 1, {"global_step": 1})  # no run id, no config: what earlier versions wrote

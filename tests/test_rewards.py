@@ -1,7 +1,7 @@
 import pytest
 
-from zerosim.protocol import extract_answer
-from zerosim.rewards import answer_reward, make_reward_func
+from zerosim.agent.protocol import extract_answer
+from zerosim.agent.rewards import answer_reward, make_reward_func
 
 
 def test_extract_answer():
@@ -38,7 +38,7 @@ def test_reward_func_normalises_and_uses_final_answer():
 
 
 def test_format_shaped_reward_matches_search_r1_table():
-    from zerosim.rewards import format_shaped
+    from zerosim.agent.rewards import format_shaped
 
     lam = 0.2
     assert format_shaped(1.0, True, True, lam) == 1.0
@@ -62,7 +62,7 @@ def test_reward_func_with_format_weight_uses_valid_format():
 
 
 def test_composed_outcome_by_weights():
-    from zerosim.rewards import make_reward_func
+    from zerosim.agent.rewards import make_reward_func
 
     f = make_reward_func("em", weights={"em": 0.5, "f1": 0.5})
     # "Lima Peru" vs "Lima": em 0, f1 = 2·(1/2·1)/(1/2+1) = 2/3
@@ -74,8 +74,8 @@ def test_composed_outcome_by_weights():
 
 
 def test_reward_weights_config_is_checked():
-    from zerosim.config import ConfigError
-    from zerosim.train_config import load_train_config
+    from zerosim.core.config import ConfigError
+    from zerosim.training.config import load_train_config
 
     weights = load_train_config(None, ["reward.weights={em: 0.5, f1: 0.5}"]).reward.weights
     assert weights == {"em": 0.5, "f1": 0.5}

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from curricula import ConstantSchedule, CurriculumNoise
-from zerosim.generation import Generation, HFGenerator
-from zerosim.protocol import parse_action
-from zerosim.rollout import INVALID_ACTION, RolloutConfig, SearchRollout, build_prompt
-from zerosim.search import Document, SearchError
+from zerosim.agent.protocol import parse_action
+from zerosim.agent.rollout import INVALID_ACTION, RolloutConfig, SearchRollout, build_prompt
+from zerosim.core.generation import Generation, HFGenerator
+from zerosim.core.search import Document, SearchError
 
 TURN_TEXTS = [
     "<think>I should look this up.</think><search> capital of Peru </search>",
@@ -140,7 +140,7 @@ def test_search_answer_flow_and_metrics(tokenizer):
 
 
 def test_answer_echo_flags_an_answer_that_restates_the_question():
-    from zerosim.rollout import Trajectory, answer_echoes_question
+    from zerosim.agent.rollout import Trajectory, answer_echoes_question
 
     def traj(answer):
         return Trajectory(
@@ -193,7 +193,7 @@ def test_parse_action():
 def test_real_generation_keeps_contract(tiny_model_dir, tokenizer):
     import torch
 
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir))
@@ -240,8 +240,8 @@ def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, m
     import torch
     import transformers
 
-    from zerosim.generation import _STOP_CRITERIA
-    from zerosim.models import load_causal_lm
+    from zerosim.core.generation import _STOP_CRITERIA
+    from zerosim.core.models import load_causal_lm
 
     _STOP_CRITERIA.clear()
     built = []
@@ -267,8 +267,8 @@ def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, m
 def test_rows_with_the_same_question_carry_the_same_gold_answers():
     """TRL gives the rollout the prompt text only: two rows asking the same question must not score the
     reward against one row's answers while the simulator is told the other's."""
-    from zerosim.data.qa import QAExample
-    from zerosim.train import build_dataset
+    from zerosim.core.data.qa import QAExample
+    from zerosim.training.recipe import build_dataset
 
     rows = [
         QAExample(id="a", question="Capital of Peru?", golden_answers=["Lima"]),

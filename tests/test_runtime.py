@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerosim.runtime import apply_threads, available_cores, thread_budget
+from zerosim.core.runtime import apply_threads, available_cores, thread_budget
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ def test_a_command_started_with_one_thread_computes_with_one(args, tmp_path, mon
 
 
 def test_a_threads_value_below_one_is_refused():
-    from zerosim.config import ConfigError, load_config
-    from zerosim.train_config import TrainConfig
+    from zerosim.core.config import ConfigError, load_config
+    from zerosim.training.config import TrainConfig
 
     with pytest.raises(ConfigError, match="runtime.threads must be >= 1"):
         load_config(None, ["runtime.threads=0"], schema=TrainConfig)

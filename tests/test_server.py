@@ -7,8 +7,8 @@ import pytest
 
 from curricula.negatives import CorpusNegatives
 from eval.bm25 import BM25Retriever
-from zerosim.http_server import create_app, running_server
-from zerosim.search import Document, SearchEngine, SearchError, SearchRequest
+from zerosim.core.http.server import create_app, running_server
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 CORPUS = [
     Document("peru-0", "Peru - Government", "The capital of Peru is Lima."),
@@ -264,14 +264,16 @@ def test_serve_retriever_hands_the_server_corpus_negatives(monkeypatch):
     from typer.testing import CliRunner
 
     import eval.index
-    import zerosim.http_server
-    import zerosim.runtime
+    import zerosim.core.http.server
+    import zerosim.core.runtime
     from zerosim.cli import app
 
     engine, served = BM25Retriever(CORPUS).index(), []
     monkeypatch.setattr(eval.index, "load_index", lambda index: engine)
-    monkeypatch.setattr(zerosim.runtime, "apply_threads", lambda threads: 1)
-    monkeypatch.setattr(zerosim.http_server, "serve", lambda *args, **kwargs: served.append((args, kwargs)))
+    monkeypatch.setattr(zerosim.core.runtime, "apply_threads", lambda threads: 1)
+    monkeypatch.setattr(
+        zerosim.core.http.server, "serve", lambda *args, **kwargs: served.append((args, kwargs))
+    )
     result = CliRunner().invoke(app, ["serve", "retriever", "--index", "idx", "--port", "8123"])
     assert result.exit_code == 0, result.output
     assert served == [((engine,), {"host": "127.0.0.1", "port": 8123, "negatives": CorpusNegatives})]

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from simulators import LLMSimulator, SimulatorPrompts, split_documents
 from simulators.llm import EMPTY_RESULT_TEXT
-from zerosim.search import SearchRequest
+from zerosim.core.search import SearchRequest
 
 
 def test_split_documents_markers_lines_and_limits():
@@ -57,7 +57,7 @@ def test_simulator_is_deterministic_under_a_seed(tiny_sim):
 
 
 def test_unparseable_output_becomes_explicit_failure_document(tiny_sim, monkeypatch):
-    from zerosim.generation import Generation
+    from zerosim.core.generation import Generation
 
     monkeypatch.setattr(
         tiny_sim.generator, "generate", lambda prompts, n: [Generation([], [], "eos") for _ in prompts]
@@ -228,7 +228,7 @@ def test_without_answers_nothing_is_checked():
 
 def test_engine_counters_reach_the_rollout_metrics():
     from simulators import CachedSearchEngine
-    from zerosim.rollout import engine_counters
+    from zerosim.agent.rollout import engine_counters
 
     sim = LLMSimulator(ScriptedBackend(["Doc 1: Algiers.\nDoc 2: Oran."]), on_leak="relabel")
     cached = CachedSearchEngine(sim, key_extra=sim.cache_key_extra())
@@ -242,7 +242,7 @@ def test_engine_counters_reach_the_rollout_metrics():
 
 
 def test_bad_backend_answers_and_settings_are_errors():
-    from zerosim.search import SearchError
+    from zerosim.core.search import SearchError
 
     class Short(ScriptedBackend):
         def complete(self, prompts, **kw):

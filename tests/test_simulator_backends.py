@@ -20,8 +20,8 @@ from simulators.openai_server import (
     start_simulator_server,
     vllm_command,
 )
-from zerosim.http_server import running_app
-from zerosim.search import SearchError, SearchRequest
+from zerosim.core.http.server import running_app
+from zerosim.core.search import SearchError, SearchRequest
 
 SETTINGS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 11}  # top_p 1: no vocab sort
 
@@ -195,7 +195,7 @@ def test_mixed_noise_is_honoured_doc_by_doc_over_http(fake_server):
 
 @pytest.fixture(scope="module")
 def tiny_lm(tiny_model_dir, tokenizer):
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     return load_causal_lm(str(tiny_model_dir), "float32")
 
@@ -263,7 +263,7 @@ def test_in_process_server_serves_lora_adapters(tiny_model_dir, tokenizer, tmp_p
     from peft import LoraConfig, get_peft_model
 
     from simulators.openai_server import load_lora
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     adapter_dir = tmp_path / "lora"
     config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)

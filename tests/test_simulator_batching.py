@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from simulators import LLMSimulator, TransformersBackend
-from zerosim.data.embedded import load_questions
-from zerosim.models import load_causal_lm, load_tokenizer
-from zerosim.search import SearchRequest
+from zerosim.core.data.embedded import load_questions
+from zerosim.core.models import load_causal_lm, load_tokenizer
+from zerosim.core.search import SearchRequest
 
 
 def requests(n: int) -> list[SearchRequest]:

@@ -10,7 +10,7 @@ import pytest
 from simulators import CachedSearchEngine, LLMSimulator
 from simulators.cache import cache_key, documents_from_json, documents_to_json
 from simulators.llm import MISSING_DOC_TEXT
-from zerosim.search import Document, SearchEngine, SearchRequest
+from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 
 class CountingEngine:

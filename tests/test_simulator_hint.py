@@ -10,9 +10,9 @@ from simulators import LLMSimulator
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
 from simulators.relevance import content_words, question_coverage
-from zerosim.config import ConfigError, load_config
-from zerosim.search import SearchRequest
-from zerosim.train_config import TrainConfig
+from zerosim.core.config import ConfigError, load_config
+from zerosim.core.search import SearchRequest
+from zerosim.training.config import TrainConfig
 
 QUESTION = "What is the internet country code of the country whose capital is Abu Dhabi?"
 ANSWER = ".ae"

@@ -13,9 +13,9 @@ from simulators.config import PromptPreset, SimulatorConfig
 from simulators.llm import MISSING_DOC_TEXT, LLMSimulator, build_simulator
 from simulators.parsing import split_documents, split_numbered_documents
 from simulators.prompts import PRESETS, ZEROSEARCH_PROMPTS, SimulatorPrompts, load_prompts, preset_prompts
-from zerosim.config import ConfigError
+from zerosim.core.config import ConfigError
+from zerosim.core.search import Document, SearchRequest
 from zerosim.job_config import SimulatorCollectConfig
-from zerosim.search import Document, SearchRequest
 
 QUESTION, ANSWERS = "What is the capital of Peru?", ("Lima", "Ciudad de los Reyes")
 
@@ -61,7 +61,7 @@ def test_zerosearch_preset_selected_from_config(tmp_path):
     with pytest.raises(ValueError, match="use one of default, zerosearch"):
         preset_prompts("google")
 
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
 
     assert (
         load_train_config(None, ["search.simulator.prompts=zerosearch"]).search.simulator.prompts
@@ -234,7 +234,7 @@ PRESETS_PARSE = {"default": split_documents, "zerosearch": split_numbered_docume
 def test_search_through_a_served_tiny_model_with_the_zerosearch_preset(tiny_model_dir, tokenizer):
     from simulators.backends import TransformersBackend
     from simulators.openai_server import running_openai_server
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     model = load_causal_lm(str(tiny_model_dir), "float32")
     with running_openai_server(
@@ -263,7 +263,7 @@ def test_dry_run_shows_the_preset(zerosim_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = zerosim_cli("train", "--dry-run", "search.simulator.prompts=zerosearch").stdout
     assert "simulator prompts" in out and "zerosearch preset" in out
-    from zerosim.plan import plan
-    from zerosim.train_config import load_train_config
+    from zerosim.training.config import load_train_config
+    from zerosim.training.dry_run import plan
 
     assert "simulator prompts" not in dict(plan(load_train_config(None, [])))  # default: nothing to say

@@ -23,13 +23,13 @@ from simulators.parsing import split_documents
 from simulators.prompts import SimulatorPrompts
 from simulators.quality import ResultScore, score
 from simulators.sft import load_preference_dataset, load_sft_dataset, preference_pairs
-from zerosim.config import ConfigError, load_config
-from zerosim.data import DataError
-from zerosim.data.qa import QAExample
-from zerosim.generation import Generation
+from zerosim.core.config import ConfigError, load_config
+from zerosim.core.data import DataError
+from zerosim.core.data.qa import QAExample
+from zerosim.core.generation import Generation
+from zerosim.core.metrics import answer_in_text
+from zerosim.core.search import Document, SearchRequest
 from zerosim.job_config import SimulatorCollectConfig
-from zerosim.metrics import answer_in_text
-from zerosim.search import Document, SearchRequest
 
 
 def ex(q="What is the capital of Peru?", answers=("Lima",), id="q1"):
@@ -136,7 +136,7 @@ def test_judge_labels_and_falls_back_to_containment():
 
 
 def test_judge_rejects_a_wrong_number_of_answers():
-    from zerosim.search import SearchError
+    from zerosim.core.search import SearchError
 
     class Short(FakeJudgeBackend):
         def complete(self, prompts, **kw):
@@ -381,7 +381,9 @@ def test_cli_train_then_eval(
     client = mlflow.MlflowClient()
     (sft,) = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
     assert sft.data.tags["zerosim.job"] == "simulator-sft"
-    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
+    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.training.checkpoint"] == str(
+        ckpt.resolve()
+    )
     assert sft.data.params["sft.lora"] == str(lora)
     assert sft.data.tags["zerosim.objective"] == objective
     assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from zerosim.generation import Generation
-from zerosim.rewards import make_reward_func
-from zerosim.rollout import RolloutConfig, SearchRollout, build_prompt
-from zerosim.search import Document, SearchRequest
-from zerosim.step_rewards import search_step_rewards
+from zerosim.agent.rewards import make_reward_func
+from zerosim.agent.rollout import RolloutConfig, SearchRollout, build_prompt
+from zerosim.agent.step_rewards import search_step_rewards
+from zerosim.core.generation import Generation
+from zerosim.core.search import Document, SearchRequest
 
 
 def doc(id, text):
@@ -99,10 +99,10 @@ def test_trl_rollout_hands_step_rewards_to_the_trainer_and_metrics_to_its_sink(
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.algorithms import returns_to_go
-    from zerosim.models import load_causal_lm
-    from zerosim.trainer import SearchTrainer
-    from zerosim.trl_rollout import TRLRollout
+    from zerosim.core.models import load_causal_lm
+    from zerosim.training.algorithms import returns_to_go
+    from zerosim.training.trainer import SearchTrainer
+    from zerosim.training.trl_rollout import TRLRollout
 
     loop = capital_loop(tokenizer)
     monkeypatch.setattr(loop, "generator_for", lambda model, collective=False: Scripted(tokenizer))

@@ -9,7 +9,7 @@ def test_the_trainer_callback_logs_each_step_once_through_our_logger(tmp_path, m
     import mlflow
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from zerosim.tracking import TrackingConfig, mlflow_run, trainer_mlflow_callback
+    from zerosim.core.tracking import TrackingConfig, mlflow_run, trainer_mlflow_callback
 
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="t")

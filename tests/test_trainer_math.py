@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from zerosim.trainer import SearchTrainer
+from zerosim.training.trainer import SearchTrainer
 
 
 def make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.0, rewards=None, **trainer_kwargs):
@@ -16,7 +16,7 @@ def make_trainer(tmp_path, tiny_model_dir, tokenizer, beta=0.0, rewards=None, **
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     # no loss_type / scale_rewards / epsilon_high: the algorithm sets them
     args = GRPOConfig(
@@ -53,7 +53,7 @@ def scored(tmp_path, tiny_model_dir, tokenizer, algorithm, rewards, beta=0.0, **
     over ``scripted_rollout``'s 4 trajectories rewarded ``rewards``."""
     torch.manual_seed(0)
     if algorithm == "ppo" and "critic" not in kwargs:
-        from zerosim.trainer import Critic
+        from zerosim.training.trainer import Critic
 
         kwargs["critic"] = Critic.from_pretrained(str(tiny_model_dir), "float32")
     trainer = make_trainer(
@@ -252,7 +252,7 @@ def test_environment_tokens_get_exactly_zero_gradient(tmp_path, tiny_model_dir, 
 def test_collapse_guard_stops_only_after_patience_silent_steps():
     from transformers import TrainerControl, TrainerState
 
-    from zerosim.train import CollapseGuard
+    from zerosim.training.recipe import CollapseGuard
 
     guard, state, control = CollapseGuard(3), TrainerState(), TrainerControl()
     logs = [
@@ -292,7 +292,7 @@ def test_critic_micro_batches_accumulate_the_whole_batch_gradient(tmp_path, tiny
     whole-batch step, while no forward pass sees more than 2 rows."""
     import copy
 
-    from zerosim.trainer import Critic
+    from zerosim.training.trainer import Critic
 
     torch.manual_seed(0)
     critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
@@ -329,7 +329,7 @@ def test_critic_micro_batches_accumulate_the_whole_batch_gradient(tmp_path, tiny
 
 
 def test_critic_micro_batch_must_be_positive(tmp_path, tiny_model_dir, tokenizer):
-    from zerosim.trainer import Critic
+    from zerosim.training.trainer import Critic
 
     critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
     with pytest.raises(ValueError, match="critic_micro_batch must be >= 1"):
@@ -337,7 +337,7 @@ def test_critic_micro_batch_must_be_positive(tmp_path, tiny_model_dir, tokenizer
 
 
 def test_critic_values_are_deterministic_in_train_mode(tiny_model_dir):
-    from zerosim.trainer import Critic
+    from zerosim.training.trainer import Critic
 
     critic = Critic.from_pretrained(str(tiny_model_dir), "float32")
     torch.nn.init.normal_(critic.model.score.weight, std=0.5)
@@ -353,7 +353,7 @@ def test_phase_times_are_per_optimizer_step_sums(tmp_path, tiny_model_dir, token
     mean), and time/step_s the step's wall time, which holds every phase measured inside it."""
     from transformers import TrainerCallback
 
-    from zerosim.trainer import SearchTrainer
+    from zerosim.training.trainer import SearchTrainer
 
     micro: list[float] = []
 
@@ -374,7 +374,7 @@ def test_phase_times_are_per_optimizer_step_sums(tmp_path, tiny_model_dir, token
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     args = GRPOConfig(
         output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=2,

@@ -5,7 +5,7 @@ log-prob pass TRL does not need, and ``trainer.bf16``'s autocast applied where a
 import pytest
 import torch
 
-from zerosim.trainer import SearchTrainer
+from zerosim.training.trainer import SearchTrainer
 
 PROMPT_LENGTHS = [4, 2, 3, 4]
 COMPLETION_LENGTHS = [3, 12, 5, 10]  # rows of very different lengths: grouping changes the micro-batches
@@ -33,7 +33,7 @@ def make_trainer(
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.models import load_causal_lm
+    from zerosim.core.models import load_causal_lm
 
     args = GRPOConfig(
         output_dir=str(tmp_path), beta=beta, num_generations=2, per_device_train_batch_size=2,
@@ -71,7 +71,7 @@ def accumulate(trainer, micro_steps=None):
 
 # -- grouped micro-batches ---------------------------------------------------------------------------------
 def test_group_by_length_moves_every_value_with_its_row_and_trims_padding():
-    from zerosim.trainer import group_by_length
+    from zerosim.training.trainer import group_by_length
 
     B, P, T = 6, 5, 9
     prompt_len, completion_len = [5, 2, 3, 5, 1, 4], [9, 2, 7, 1, 8, 3]
@@ -177,7 +177,7 @@ def test_loss_pass_scores_only_the_loss_mask(
 
     kwargs = {}
     if algorithm == "ppo":
-        from zerosim.trainer import Critic
+        from zerosim.training.trainer import Critic
 
         kwargs["critic"] = Critic.from_pretrained(str(tiny_model_dir), "float32")
     trainer = make_trainer(tmp_path, tiny_model_dir, tokenizer, algorithm, beta=beta, **kwargs)
@@ -270,8 +270,8 @@ def test_update_bf16_autocasts_the_loss_and_keeps_fp32_weights(
 
 
 def test_bf16_setting_resolves_per_machine(monkeypatch):
-    from zerosim.train_config import load_train_config
-    from zerosim.trainer import cpu_autocast_bf16
+    from zerosim.training.config import load_train_config
+    from zerosim.training.trainer import cpu_autocast_bf16
 
     assert load_train_config("configs/demo-learning.yaml", []).trainer.bf16 is None
     assert load_train_config("configs/demo-learning.yaml", ["trainer.bf16=false"]).trainer.bf16 is False
@@ -294,8 +294,8 @@ def test_ppo_critic_shares_its_first_forward_with_gae(tmp_path, tiny_model_dir, 
     critic after its ``critic_epochs`` steps are those of a values pass followed by the steps."""
     import copy
 
-    from zerosim.algorithms import gae, whiten
-    from zerosim.trainer import Critic
+    from zerosim.training.algorithms import gae, whiten
+    from zerosim.training.trainer import Critic
 
     torch.manual_seed(0)
     critic = Critic.from_pretrained(str(tiny_model_dir), "float32")

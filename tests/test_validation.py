@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from eval.harness import Evaluator
-from zerosim.data.qa import QAExample
-from zerosim.generation import Generation
+from zerosim.agent.rollout import RolloutConfig
+from zerosim.core.data.qa import QAExample
+from zerosim.core.generation import Generation
+from zerosim.core.search import Document
 from zerosim.job_config import EvalConfig
-from zerosim.rollout import RolloutConfig
-from zerosim.search import Document
-from zerosim.train_config import ValidationConfig
-from zerosim.validation import Validation, validation_examples
+from zerosim.training.config import ValidationConfig
+from zerosim.training.validation import Validation, validation_examples
 
 
 class LimaEngine:
@@ -35,8 +35,8 @@ def trainer(tmp_path, tiny_model_dir, tokenizer):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from zerosim.models import load_causal_lm
-    from zerosim.trainer import SearchTrainer
+    from zerosim.core.models import load_causal_lm
+    from zerosim.training.trainer import SearchTrainer
 
     torch.manual_seed(0)
     args = GRPOConfig(

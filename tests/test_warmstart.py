@@ -1,10 +1,10 @@
 """Cold-start SFT data: the same token pieces as the rollout, observations masked out of the loss."""
 
-from zerosim.data.qa import QAExample
-from zerosim.protocol import parse_action
-from zerosim.rollout import ProtocolTokens, build_prompt
-from zerosim.search import Document
-from zerosim.warmstart import IGNORE_INDEX, build_examples
+from zerosim.agent.protocol import parse_action
+from zerosim.agent.rollout import ProtocolTokens, build_prompt
+from zerosim.core.data.qa import QAExample
+from zerosim.core.search import Document
+from zerosim.training.warmstart import IGNORE_INDEX, build_examples
 
 
 class Engine:

@@ -31,7 +31,7 @@ def _debug_env() -> bool:
 
 
 def _user_error(exc: BaseException) -> bool:
-    from zerosim.search import SearchError
+    from zerosim.core.search import SearchError
 
     return isinstance(exc, (ValueError, SearchError, *USER_OS_ERRORS))
 
@@ -127,8 +127,8 @@ def _fail(message: str) -> None:
 
 
 def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
-    from zerosim.config import load_config
-    from zerosim.runtime import apply_threads
+    from zerosim.core.config import load_config
+    from zerosim.core.runtime import apply_threads
 
     extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
     cfg = load_config(config, [*extra, *(overrides or [])], schema=schema)  # ConfigError: one line, exit 2
@@ -157,7 +157,7 @@ def train(
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
-    from zerosim.train_config import TrainConfig
+    from zerosim.training.config import TrainConfig
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
@@ -165,7 +165,7 @@ def train(
     if dry_run:
         from rich.table import Table
 
-        from zerosim.plan import plan
+        from zerosim.training.dry_run import plan
 
         rows = plan(cfg, processes)  # reads the data files, loads no weights
         table = Table(title=f"zerosim train {config or ''} (dry run: nothing loaded)", show_header=False)
@@ -175,7 +175,7 @@ def train(
 
         Console(width=160).print(table)  # the command's output: stdout
         return
-    from zerosim.train import train as run_training
+    from zerosim.training.recipe import train as run_training
 
     started = time.perf_counter()
     result = run_training(cfg)
@@ -227,8 +227,8 @@ def experiment(
     ),
 ) -> None:
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
+    from zerosim.core.runtime import apply_threads
     from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
-    from zerosim.runtime import apply_threads
 
     cfg = load_experiment(config, overrides or [])
     root = Path(cfg.output_dir) / cfg.name
@@ -267,10 +267,10 @@ def policy_warmstart(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. warmstart.max_steps=80"),
 ) -> None:
     """SFT the policy on synthetic search trajectories (cold start), as `train` does with warmstart.enabled."""
-    from zerosim.train_config import TrainConfig
+    from zerosim.training.config import TrainConfig
 
     cfg = _load(config, {}, overrides, TrainConfig)
-    from zerosim.warmstart import run_warmstart
+    from zerosim.training.warmstart import run_warmstart
 
     path = run_warmstart(
         cfg.warmstart,
@@ -292,8 +292,8 @@ def serve_retriever(
     """Serve a built index over POST /retrieve and GET /health."""
     from curricula.negatives import CorpusNegatives
     from eval.index import load_index
-    from zerosim.http_server import serve
-    from zerosim.runtime import apply_threads
+    from zerosim.core.http.server import serve
+    from zerosim.core.runtime import apply_threads
 
     apply_threads(threads)
 
@@ -380,7 +380,7 @@ def simulator_serve(
 ) -> None:
     """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
     from simulators.openai_server import start_simulator_server
-    from zerosim.runtime import apply_threads
+    from zerosim.core.runtime import apply_threads
 
     apply_threads(threads)
 
@@ -485,7 +485,7 @@ def simulator_eval(
 @models_app.command("prepare")
 def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")) -> None:
     """Convert the embedded SmolLM2 GGUF into a cached bf16 Hugging Face checkpoint."""
-    from zerosim.models import prepare_embedded_model
+    from zerosim.core.models import prepare_embedded_model
 
     path = prepare_embedded_model(force=force)
     typer.echo(str(path))
@@ -496,8 +496,8 @@ def data_factbook(
     out: Path = typer.Option(None, "--out", help="Output directory (default: the zerosim cache)."),
 ) -> None:
     """Build the factbook passage corpus and QA splits (FlashRAG jsonl)."""
-    from zerosim.data.embedded import ensure_factbook
-    from zerosim.data.factbook import build_factbook
+    from zerosim.core.data.embedded import ensure_factbook
+    from zerosim.core.data.factbook import build_factbook
 
     paths = build_factbook(out) if out is not None else ensure_factbook()
     for name in ("corpus", "train", "dev", "test"):

@@ -9,9 +9,9 @@ from curricula.config import CurriculumConfig, MixedConfig
 from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
-from zerosim.config import EMBEDDED_DATA, ConfigError, ranged
-from zerosim.http_search import HTTPConfig, Negatives
-from zerosim.search import SearchEngine
+from zerosim.core.config import EMBEDDED_DATA, ConfigError, ranged
+from zerosim.core.http.client import HTTPConfig, Negatives
+from zerosim.core.search import SearchEngine
 
 
 class EngineName(StrEnum):
@@ -122,7 +122,7 @@ def resolve_corpus(source: str):
     from pathlib import Path
 
     if source == EMBEDDED_DATA:
-        from zerosim.data.embedded import ensure_factbook
+        from zerosim.core.data.embedded import ensure_factbook
 
         return ensure_factbook().corpus
     path = Path(source)
@@ -148,8 +148,8 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
     from pathlib import Path
 
     from eval.index import build_index, load_index
-    from zerosim.fsutil import build_once
-    from zerosim.models import zerosim_home
+    from zerosim.core.fsutil import build_once
+    from zerosim.core.models import zerosim_home
 
     encoder = options.get("encoder")
     if index_dir is not None:
@@ -312,7 +312,7 @@ def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
 
 
 def _http(cfg: SearchConfig, seed: int) -> SearchEngine:
-    from zerosim.http_search import HTTPSearchEngine
+    from zerosim.core.http.client import HTTPSearchEngine
 
     h = cfg.http
     return HTTPSearchEngine(

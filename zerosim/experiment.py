@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
-from zerosim.config import EMBEDDED_MODEL, ConfigError, flatten, load_config
-from zerosim.data.jsonl import read_jsonl
-from zerosim.fsutil import atomic_write_text
+from zerosim.agent.rewards import METRICS as ANSWER_METRICS
+from zerosim.core.config import EMBEDDED_MODEL, ConfigError, flatten, load_config
+from zerosim.core.data.jsonl import read_jsonl
+from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.runtime import RuntimeConfig, cpu_times, others_cpu_share
+from zerosim.core.tracking import TrackingConfig
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
-from zerosim.rewards import METRICS as ANSWER_METRICS
-from zerosim.runtime import RuntimeConfig, cpu_times, others_cpu_share
-from zerosim.tracking import TrackingConfig
-from zerosim.train_config import TrainConfig
+from zerosim.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ UNSET = "<unset>"  # a default's setting that a config lacks (a removed dict ent
 
 
 def _leaves(config: Any) -> dict[str, Any]:
-    """``{"trainer.learning_rate": 1e-06, ...}``: a config's leaves (:func:`zerosim.config.flatten`) as plain
+    """``{"trainer.learning_rate": 1e-06, ...}``: a config's leaves (:func:`zerosim.core.config.flatten`) as plain
     JSON values, so enums, tuples and paths compare as they are written."""
     return {k: json.loads(json.dumps(v, default=str)) for k, v in flatten(config).items()}
 
@@ -259,7 +259,9 @@ def _fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
     return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
 
 
-def _key(kind: str, config: dict[str, Any] | None, meta: dict[str, Any], deps: dict[str, str], root: Path) -> str:
+def _key(
+    kind: str, config: dict[str, Any] | None, meta: dict[str, Any], deps: dict[str, str], root: Path
+) -> str:
     payload = {"kind": kind, "defaults": KEY_DEFAULTS_VERSION, "config": config, "meta": meta, "deps": deps}
     text = json.dumps(payload, sort_keys=True, default=str).replace(str(root), "<root>")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -287,9 +289,7 @@ def _recorded_changes(recorded: dict[str, Any], schema: type) -> dict[str, Any]:
     the record lacks was added since, and the stage ran as at its default; a former default that computes
     what today's does (:data:`FORMER_DEFAULTS`) reads as today's."""
     return {
-        k: v
-        for k, v in changed_settings(recorded, schema, missing=None).items()
-        if not _former_default(k, v)
+        k: v for k, v in changed_settings(recorded, schema, missing=None).items() if not _former_default(k, v)
     }
 
 
@@ -469,7 +469,9 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
             uses_sim = any(SIMULATOR_PLACEHOLDER in o for o in arm.overrides)
             overrides = [o.replace(SIMULATOR_PLACEHOLDER, sim_model or EMBEDDED_MODEL) for o in arm.overrides]
             if uses_sim:
-                overrides += [f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve]
+                overrides += [
+                    f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
+                ]
             stage_name = f"train-{name}-s{seed}"
             t = train_config(
                 [
@@ -724,7 +726,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
         result = run_quality(c, progress=True)
         return {"run_id": result.run_id, "report": result.report}
     if stage.kind == "warmstart":
-        from zerosim.warmstart import run_warmstart
+        from zerosim.training.warmstart import run_warmstart
 
         path = run_warmstart(
             c.warmstart,
@@ -739,7 +741,7 @@ def _run_stage(stage: Stage, root: Path, cfg: ExperimentConfig, parent: str | No
         c = replace(c, run=replace(c.run, resume=bool(checkpoints)))
         if cfg.train_launcher:
             return _launch_training(c, out, cfg.train_launcher)
-        from zerosim.train import train
+        from zerosim.training.recipe import train
 
         result = train(c)
         return {"path": str(result.checkpoint), "run_id": result.run_id, "steps": result.steps}
@@ -760,8 +762,8 @@ def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]
     import shlex
     import subprocess
 
-    from zerosim.checkpoint import recorded_run
-    from zerosim.config import to_yaml
+    from zerosim.core.config import to_yaml
+    from zerosim.training.checkpoint import recorded_run
 
     out.mkdir(parents=True, exist_ok=True)
     recipe = atomic_write_text(out / "train.yaml", to_yaml(c))
@@ -795,7 +797,7 @@ def run_experiment(
     """
     import mlflow
 
-    from zerosim.tracking import configure, mlflow_run
+    from zerosim.core.tracking import configure, mlflow_run
 
     root = Path(cfg.output_dir) / cfg.name
     stages = build_stages(cfg, root)
@@ -815,7 +817,7 @@ def run_experiment(
         parent_id = parent.info.run_id
         atomic_write_text(state_path, json.dumps({"parent_run_id": parent_id, "name": cfg.name}, indent=2))
         if not state:
-            from zerosim.config import to_yaml
+            from zerosim.core.config import to_yaml
 
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from zerosim.config import load_config
-from zerosim.train import train
-from zerosim.train_config import TrainConfig
+from zerosim.core.config import load_config
+from zerosim.training.config import TrainConfig
+from zerosim.training.recipe import train
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 KILL_AT = 2  # the save of checkpoint-2: checkpoint-1 is complete, step 2 is logged

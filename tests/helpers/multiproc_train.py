@@ -17,11 +17,11 @@ import re
 import sys
 from pathlib import Path
 
-import zerosim.rollout as rollout_module
-import zerosim.train as train_module
+import zerosim.agent.rollout as rollout_module
+import zerosim.training.recipe as train_module
 from curricula.schedules import AdaptiveSchedule
 from zerosim.cli import app
-from zerosim.generation import Generation
+from zerosim.core.generation import Generation
 
 RANK = int(os.environ.get("RANK", "0"))
 TRACE = Path(os.environ["ZEROSIM_TRACE"])

@@ -1,0 +1,450 @@
+"""The agent loop: multi-turn search rollouts of a policy against a search engine.
+
+The loop returns trajectories and computes their metrics (a dict); it knows no trainer. Training uses it
+through :class:`zerosim.training.trl_rollout.TRLRollout`, TRL's ``rollout_func``; evaluation, validation and
+collection call :meth:`SearchRollout.run` directly.
+
+Token contract (what the trainer's loss relies on): for every trajectory, ``completion_ids``,
+``env_mask`` and ``logprobs`` have the same length; tokens the policy sampled have ``env_mask`` 1 and
+their sampling log-prob; tokens the environment inserted (``<information>`` blocks, corrective
+observations) have ``env_mask`` 0 and log-prob 0. Policy tokens are kept exactly as sampled — never
+decoded and re-tokenised.
+
+Each turn generates for all active trajectories in one batch, stopping at ``</search>``, ``</answer>``
+or EOS; every search of the turn goes to the engine in one call.
+
+With several training processes each rank rolls out its own slice of the batch, in lockstep: every turn
+starts with one all-reduce (:class:`zerosim.core.distributed.TurnSync`), a rank whose trajectories are all done
+keeps taking part in collective generation (``idle``) and calls the engine every turn like the others,
+until no rank has work left. What the curriculum decides per search comes in as functions of (step,
+trajectory's index in the global batch, search number) — its noise pattern (``noise``, e.g.
+:class:`curricula.CurriculumNoise`) and, under ``search.engine=mixed``, its source (``source``, e.g.
+:meth:`curricula.MixedSearchEngine.draw_source`) — so a rank draws what one process rolling out the whole
+batch would have drawn, and the loop knows no schedule. ``mixed/*`` metrics split a step by source.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerosim.agent.protocol import parse_action
+from zerosim.agent.step_rewards import search_step_rewards
+from zerosim.core.config import ranged
+from zerosim.core.distributed import SingleProcess
+from zerosim.core.generation import Generation, HFGenerator
+from zerosim.core.metrics import exact_match, f1_score
+from zerosim.core.models import encode_chat_prompt
+from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
+
+
+@dataclass
+class RolloutConfig:
+    # generation turns per trajectory (searches happen in all but the last)
+    max_turns: int = ranged(3, ">=1")
+    # tokens the policy may write per turn
+    max_new_tokens: int = ranged(128, ">=1")
+    # tokens of retrieved documents kept per <information> block
+    max_obs_tokens: int = ranged(256, ">=1")
+    # hard cap on one trajectory's completion (policy + observations)
+    max_completion_tokens: int = ranged(768, ">=1")
+    # policy sampling temperature
+    temperature: float = ranged(1.0, ">=0", "0 = greedy")
+    # policy nucleus sampling
+    top_p: float = ranged(1.0, "(0,1]")
+
+
+STOP_STRINGS = ("</search>", "</answer>")
+INFO_OPEN = "\n\n<information>"
+INFO_CLOSE = "</information>\n\n"
+INVALID_ACTION = (
+    "\nMy previous action is invalid. To search, I put the query between <search> and </search>. "
+    "To give the final answer, I put it between <answer> and </answer>. Let me try again.\n"
+)
+
+INSTRUCTION = (
+    "Answer the question below. Reason inside <think> and </think> first. If you lack a fact, search for "
+    "it by writing <search> query </search>; the results come back between <information> and "
+    "</information>. You may search several times. When you know the answer, write it, in a few words, "
+    "between <answer> and </answer>, for example <answer> Paris </answer>.\nQuestion: {question}"
+)
+
+# What the training loop decides per search, handed to the rollout as plain functions of
+# (step, trajectory's index in the global batch, search number): the curriculum's noise pattern of the search's
+# k slots (None: no noise) and, under search.engine=mixed, the source that answers it ("sim" / "real").
+NoiseFn = Callable[[int, int, int], "tuple[bool, ...] | None"]
+SourceFn = Callable[[int, int, int], "str | None"]
+SOURCE_GROUPS = (
+    "real",
+    "sim",
+    "both",
+    "none",
+)  # a trajectory's searches: all real, all simulated, mixed, none
+
+
+def build_prompt(question: str) -> str:
+    """The user message that asks the policy to answer ``question`` with the search protocol."""
+    return INSTRUCTION.format(question=question.strip())
+
+
+@dataclass
+class Trajectory:
+    """One question's multi-turn interaction; the token lists follow the module's contract."""
+
+    prompt_ids: list[int]
+    question: str
+    answers: tuple[str, ...]
+    index: int = 0  # position in the global batch (all ranks): the noise draws' stream
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    searches: int = 0
+    invalid_actions: int = 0
+    documents: int = 0
+    noisy_documents: int = 0
+    answer: str | None = None
+    finish: str = ""  # answer | eos | no_answer | max_tokens
+    events: list[dict[str, Any]] = field(default_factory=list)
+    retrieved: list[Document] = field(default_factory=list)  # every document shown, in order
+    search_docs: list[list[Document]] = field(default_factory=list)  # per search, its documents
+    search_close: list[int] = field(default_factory=list)  # per search, index of its closing policy token
+    step_rewards: list[float] = field(default_factory=list)  # per search (StepSearch-style), when enabled
+    sources: list[str] = field(default_factory=list)  # search.engine=mixed: per search, "real" or "sim"
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish)
+
+    @property
+    def source_group(self) -> str:
+        """``real`` / ``sim`` (every search answered by that source), ``both``, or ``none`` (no search)."""
+        kinds = set(self.sources)
+        if not kinds:
+            return "none"
+        return "both" if len(kinds) > 1 else next(iter(kinds))
+
+    @property
+    def valid_format(self) -> bool:
+        """Ended with an answer and never took an invalid action."""
+        return self.answer is not None and self.invalid_actions == 0
+
+    @property
+    def step_reward_positions(self) -> list[tuple[int, float]]:
+        """``(index of the token that closed the search's </search>, its step reward)`` per search whose
+        closing token is still in the (capped) completion; empty without step rewards."""
+        return [
+            (i, r)
+            for i, r in zip(self.search_close, self.step_rewards, strict=False)
+            if i < len(self.completion_ids)
+        ]
+
+    def add_policy(self, gen: Generation) -> None:
+        self.completion_ids += gen.token_ids
+        self.env_mask += [1] * len(gen.token_ids)
+        self.logprobs += gen.logprobs
+
+    def add_environment(self, ids: Sequence[int]) -> None:
+        self.completion_ids += ids
+        self.env_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+class ProtocolTokens:
+    """The token pieces of the search protocol: the chat-formatted prompt, observation blocks, the
+    corrective message. RL rollouts and warm-start SFT data both use these, so they agree token for token."""
+
+    def __init__(self, tokenizer, max_obs_tokens: int):
+        self.tokenizer = tokenizer
+        self.max_obs_tokens = max_obs_tokens
+        self.info_open = self.encode(INFO_OPEN)
+        self.info_close = self.encode(INFO_CLOSE)
+        self.invalid = self.encode(INVALID_ACTION)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, text: str) -> list[int]:
+        """The user message ``text`` in the chat template, ready for the assistant's first token."""
+        return encode_chat_prompt(self.tokenizer, text)
+
+    def observation(self, docs: Sequence[Document]) -> list[int]:
+        """``<information>`` + the formatted documents clipped to ``max_obs_tokens`` + ``</information>``."""
+        body = self.encode(format_documents(docs))[: self.max_obs_tokens]
+        return self.info_open + body + self.info_close
+
+
+class SearchRollout:
+    """Runs search trajectories for a batch of prompts (:meth:`run`) and computes their metrics
+    (:meth:`metrics`).
+
+    ``examples`` maps each prompt string to its ``(question, gold answers)``: the caller (TRL, through
+    :class:`zerosim.training.trl_rollout.TRLRollout`) passes only the prompts, while the simulator needs the question
+    and answers of each one.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        engine: SearchEngine,
+        *,
+        config: RolloutConfig,
+        k: int,
+        examples: Mapping[str, tuple[str, Sequence[str]]],
+        noise: NoiseFn | None = None,
+        source: SourceFn | None = None,
+        step_metrics: Callable[[int], Mapping[str, float]] | None = None,
+        step_rewards: tuple[float, float] | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.config = config
+        self.k = k
+        self.examples = examples
+        self.noise = noise  # None: every search as the engine gives it (evaluation, validation, collection)
+        self.source = source  # None: the engine decides (one engine, or a mixed one drawing itself)
+        self.step_metrics = step_metrics  # the caller's per-step values (the curriculum's p, the real share)
+        self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
+        self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
+        self.eos_ids = [tokenizer.eos_token_id]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokens.prompt(prompt)
+
+    def generator_for(self, model, collective: bool = False) -> HFGenerator:
+        return HFGenerator(
+            model,
+            self.tokenizer,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            stop_strings=STOP_STRINGS,
+            eos_token_ids=self.eos_ids,
+            collective=collective,
+        )
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(
+        self, generator, prompts: Sequence[Any], step: int, *, sync=None, offset: int = 0
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out one trajectory per prompt; returns them and the time spent generating and searching.
+
+        ``sync`` (:class:`TurnSync`) keeps the ranks of a multi-process run in lockstep; ``offset`` is the
+        global index of this rank's first trajectory.
+        """
+        cfg = self.config
+        sync = sync or SingleProcess()
+        trajectories = []
+        for i, prompt in enumerate(prompts):
+            text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            if text not in self.examples:
+                raise KeyError(f"rollout got a prompt that is not in the training data: {text[:80]!r}")
+            question, answers = self.examples[text]
+            trajectories.append(
+                Trajectory(self.encode_prompt(text), question, tuple(answers), index=offset + i)
+            )
+        timing = {"generate": 0.0, "search": 0.0}
+        lockstep = sync.num_processes > 1
+
+        for turn in range(cfg.max_turns):
+            active = [t for t in trajectories if not t.done]
+            room = max((cfg.max_completion_tokens - len(t.completion_ids) for t in active), default=0)
+            state = sync.turn(len(active), min(cfg.max_new_tokens, room))
+            if not state.active:
+                break
+            last_turn = turn == cfg.max_turns - 1
+            budget = [cfg.max_completion_tokens - len(t.completion_ids) for t in active]
+            started = time.perf_counter()
+            contexts = [t.prompt_ids + t.completion_ids for t in active]
+            if not lockstep:
+                outputs = generator.generate(contexts, max(1, state.budget))
+            elif active:
+                outputs = generator.generate(contexts, max(1, state.budget), width=state.width)
+            else:  # done early: still take part in the turn's collectives
+                outputs = []
+                generator.idle(max(1, state.budget))
+            timing["generate"] += time.perf_counter() - started
+
+            searching: list[tuple[Trajectory, str]] = []
+            for traj, gen, room in zip(active, outputs, budget, strict=True):
+                if len(gen.token_ids) > room:  # the batch shared the largest budget; clip to this row's
+                    gen = Generation(gen.token_ids[:room], gen.logprobs[:room], "length")
+                traj.add_policy(gen)
+                traj.turns += 1
+                kind, content = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
+                if kind == "answer":
+                    traj.answer, traj.finish = content, "answer"
+                elif kind == "search" and not last_turn:
+                    searching.append((traj, content))
+                else:
+                    traj.invalid_actions += kind == "invalid"
+                    if last_turn:
+                        traj.finish = "no_answer"
+                    elif gen.finish == "eos":
+                        traj.finish = "eos"
+                    else:
+                        traj.add_environment(self.tokens.invalid)
+                if not traj.done and len(traj.completion_ids) >= cfg.max_completion_tokens:
+                    traj.finish = "max_tokens"
+            searching = [(t, q) for t, q in searching if not t.done]
+            if searching or lockstep:  # every rank calls the engine each turn, possibly with nothing
+                started = time.perf_counter()
+                self._search(searching, step)
+                timing["search"] += time.perf_counter() - started
+        for traj in trajectories:
+            # Observations may push a trajectory over the cap; the cap is on the whole completion.
+            cap = cfg.max_completion_tokens
+            del traj.completion_ids[cap:], traj.env_mask[cap:], traj.logprobs[cap:]
+            traj.finish = traj.finish or "no_answer"
+            if (
+                traj.finish == "answer"
+                and traj.completion_ids[-1] not in self.eos_ids
+                and len(traj.env_mask) < cap
+            ):
+                # Generation stopped at </answer>, before the turn's EOS. Close the turn (masked, never trained)
+                # so the trainer sees a finished sequence rather than a truncated one.
+                traj.add_environment(self.eos_ids[:1])
+        if self.step_rewards is not None:
+            gain, redundancy = self.step_rewards
+            for traj in trajectories:
+                traj.step_rewards = search_step_rewards(
+                    traj.search_docs, " ".join(traj.answers), gain_weight=gain, redundancy_weight=redundancy
+                )
+        return trajectories, timing
+
+    def _search(self, searching: list[tuple[Trajectory, str]], step: int) -> None:
+        requests = [
+            SearchRequest(
+                query=q,
+                question=t.question,
+                answers=t.answers,
+                noise=None if self.noise is None else self.noise(step, t.index, t.searches),
+                source=None if self.source is None else self.source(step, t.index, t.searches),
+            )
+            for t, q in searching
+        ]
+        results = self.engine.search(requests, self.k)
+        if len(results) != len(requests):
+            raise SearchError(f"search engine answered {len(results)} results for {len(requests)} requests")
+        for (traj, query), request, docs in zip(searching, requests, results, strict=True):
+            if not docs:
+                raise SearchError(f"search engine returned no documents for query {query!r}")
+            traj.searches += 1
+            traj.search_close.append(len(traj.completion_ids) - 1)  # the token that closed </search>
+            traj.search_docs.append(list(docs))
+            traj.documents += len(docs)
+            traj.noisy_documents += sum(d.noisy is True for d in docs)
+            traj.retrieved.extend(docs)
+            traj.add_environment(self.tokens.observation(docs))
+            if len(traj.completion_ids) >= self.config.max_completion_tokens:
+                traj.finish = "max_tokens"
+            event: dict[str, Any] = {"query": query, "noisy": [d.noisy for d in docs]}
+            if request.source is not None:
+                traj.sources.append(request.source)
+                event["source"] = request.source
+            traj.events.append(event)
+
+    # -- reporting -----------------------------------------------------------------------------------------
+    def metrics(
+        self, trajectories: Sequence[Trajectory], step: int, timing: Mapping[str, float]
+    ) -> dict[str, float]:
+        n = max(len(trajectories), 1)
+        documents = sum(t.documents for t in trajectories)
+        return {
+            "search/noisy_doc_share": sum(t.noisy_documents for t in trajectories) / documents
+            if documents
+            else 0.0,
+            "rollout/searches_per_traj": sum(t.searches for t in trajectories) / n,
+            "rollout/turns_per_traj": sum(t.turns for t in trajectories) / n,
+            "rollout/valid_format_rate": sum(t.valid_format for t in trajectories) / n,
+            "rollout/answer_rate": sum(t.answer is not None for t in trajectories) / n,
+            "rollout/em": sum(exact_match(t.answer, t.answers) for t in trajectories if t.answer) / n,
+            "rollout/f1": sum(f1_score(t.answer, t.answers) for t in trajectories if t.answer) / n,
+            "rollout/answer_echo_rate": sum(answer_echoes_question(t) for t in trajectories) / n,
+            "rollout/invalid_action_rate": sum(t.invalid_actions > 0 for t in trajectories) / n,
+            "rollout/policy_tokens_per_traj": sum(sum(t.env_mask) for t in trajectories) / n,
+            "time/generate_s": timing.get("generate", 0.0),
+            "time/search_s": timing.get("search", 0.0),
+            **(
+                {"rollout/step_reward_per_traj": sum(sum(t.step_rewards) for t in trajectories) / n}
+                if self.step_rewards is not None
+                else {}
+            ),
+            **engine_counters(self.engine),
+            **(self.source_metrics(trajectories) if self.source is not None else {}),
+            **(self.step_metrics(step) if self.step_metrics is not None else {}),
+        }
+
+    def source_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``mixed/*`` (each search's source drawn by ``source``): the share of searches the real retriever
+        answered, and per source group of trajectories (``real``, ``sim``, ``both``, ``none``: see
+        :attr:`Trajectory.source_group`) its share of the trajectories, EM, F1 (a missing answer counts 0)
+        and searches per trajectory. A group absent from the step has no keys (not 0)."""
+        out: dict[str, float] = {}
+        searches = sum(len(t.sources) for t in trajectories)
+        if searches:
+            real = sum(s == "real" for t in trajectories for s in t.sources)
+            out["mixed/real_search_share"] = real / searches
+        for group in SOURCE_GROUPS:
+            members = [t for t in trajectories if t.source_group == group]
+            if not members:
+                continue
+            n = len(members)
+            out[f"mixed/{group}/share"] = n / len(trajectories)
+            out[f"mixed/{group}/em"] = sum(exact_match(t.answer, t.answers) for t in members if t.answer) / n
+            out[f"mixed/{group}/f1"] = sum(f1_score(t.answer, t.answers) for t in members if t.answer) / n
+            out[f"mixed/{group}/searches"] = sum(t.searches for t in members) / n
+        return out
+
+
+def engine_counters(engine: Any) -> dict[str, float]:
+    """The running counters of a search engine and the engines it wraps, as ``search/<name>/<counter>``.
+
+    ``<name>`` is the name an engine with ``stats`` declares as ``metrics_name`` (``CachedSearchEngine``:
+    ``search/cache/hits``…, ``LLMSimulator``: ``search/simulator/noisy_leaks``…); counters are cumulative
+    since the start of the process.
+    """
+    out: dict[str, float] = {}
+    seen: set[int] = set()
+    pending = [engine]
+    while pending:
+        engine = pending.pop(0)
+        if engine is None or id(engine) in seen:
+            continue
+        seen.add(id(engine))
+        stats = getattr(engine, "stats", None)
+        if isinstance(stats, Mapping):
+            name = getattr(engine, "metrics_name", None)
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"{type(engine).__name__} keeps stats but declares no metrics_name: give the class one "
+                    f'(e.g. metrics_name = "{type(engine).__name__.lower()}"), its counters are logged as '
+                    "search/<metrics_name>/<counter>"
+                )
+            out.update({f"search/{name}/{key}": float(value) for key, value in stats.items()})
+        # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever, and both
+        # parts of a MixedSearchEngine (its simulator and its real retriever)
+        parts = getattr(engine, "parts", None)
+        pending += list(parts.values()) if isinstance(parts, Mapping) else []
+        pending.append(getattr(engine, "engine", None) or getattr(engine, "retriever", None))
+    return out
+
+
+def synced_decoding(model, sync) -> bool:
+    """Whether transformers ``generate`` will synchronise decoding steps across ranks (``synced_gpus``)."""
+    if sync.num_processes < 2:
+        return False
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
+ECHO_F1 = 0.8  # an answer at least this close (token F1) to the question restates it
+
+
+def answer_echoes_question(traj: Trajectory) -> bool:
+    """The answer restates the question (token F1 ≥ ``ECHO_F1``): a format reward pays for it like any
+    wrong answer, and a policy without an answer signal can drift into writing it every time."""
+    return bool(traj.answer) and f1_score(traj.answer, [traj.question]) >= ECHO_F1

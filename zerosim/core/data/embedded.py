@@ -1,0 +1,51 @@
+"""The embedded factbook data set, built once into the cache and reused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerosim.core.config import EMBEDDED_DATA
+from zerosim.core.fsutil import build_once
+from zerosim.core.models import zerosim_home
+
+FACTBOOK_VERSION = "v2"  # bump when the builder's output changes, so caches rebuild
+
+
+def factbook_dir() -> Path:
+    return zerosim_home() / "data" / f"factbook-{FACTBOOK_VERSION}"
+
+
+def ensure_factbook(progress: bool = True):
+    """Paths of the embedded corpus and QA splits, building them on first use."""
+    from zerosim.core.data.factbook import build_factbook
+
+    out = factbook_dir()
+    paths = {name: out / f"{name}.jsonl" for name in ("corpus", "train", "dev", "test")}
+    build_once(
+        out,
+        done=lambda: all(p.is_file() for p in paths.values()),
+        build=lambda: build_factbook(out, progress=progress),
+    )
+    return EmbeddedPaths(**paths)
+
+
+@dataclass(frozen=True)
+class EmbeddedPaths:
+    corpus: Path
+    train: Path
+    dev: Path
+    test: Path
+
+
+def load_questions(source: str, split: str = "train", limit: int | None = None):
+    """QA examples from config: ``factbook`` → the embedded split, else a file or HF dataset id."""
+    from zerosim.core.data.qa import DataError, load_qa
+
+    if source == EMBEDDED_DATA:
+        if split not in ("train", "dev", "test"):  # checked before the first use builds the factbook
+            raise DataError(
+                f"the embedded factbook has splits train, dev, test; got split {split!r}: use one of them"
+            )
+        return load_qa(getattr(ensure_factbook(), split), limit=limit)
+    return load_qa(source, split=split, limit=limit)

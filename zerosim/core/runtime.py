@@ -1,0 +1,109 @@
+"""How many CPU threads this process computes with: never more than the cores it may use, split among the
+processes that share them.
+
+torch and OpenMP default to one thread per core of the machine, whatever else runs there: two processes on
+2 cores (a training job beside ``zerosim simulator serve``, or two accelerate ranks on one CPU host) each
+spin 2 threads, and their busy-waiting threads slow ``generate`` several-fold. Each zerosim process therefore
+sets its thread count once, at start-up, from ``runtime.threads`` (``--threads`` for the servers):
+
+- a number: exactly that many threads;
+- ``None`` (default): the cores this process may run on (``os.sched_getaffinity``, which respects
+  ``taskset`` and container CPU sets) divided by the processes launched beside it on this host
+  (``LOCAL_WORLD_SIZE``, set by ``accelerate launch`` / ``torchrun``), at least 1.
+
+A user who starts a server by hand beside training splits the cores themselves, e.g. on 2 cores
+``zerosim simulator serve --threads 1`` and ``zerosim train ... runtime.threads=1`` (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerosim.core.config import ranged
+
+
+@dataclass
+class RuntimeConfig:
+    # torch/OpenMP threads of this process; None = the cores it may use (CPU affinity) / processes on this host (LOCAL_WORLD_SIZE)
+    threads: int | None = ranged(
+        None, ">=1", "null = the cores this process may use / processes on this host"
+    )
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), or ``os.cpu_count()`` where that is unknown."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_budget(threads: int | None = None) -> int:
+    """Threads for this process: ``threads`` when given, else its cores divided among the local ranks."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(
+                f"runtime.threads must be >= 1 (or null: the cores this process may use), got {threads}"
+            )
+        return threads
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, available_cores() // max(1, local))
+
+
+def apply_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads (and ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for the libraries and
+    child processes that read them) to :func:`thread_budget`; returns the count."""
+    import torch
+
+    n = thread_budget(threads)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+    return n
+
+
+# -- how quiet the machine was -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CPUTimes:
+    """CPU seconds used so far by the whole machine and by this process (with the children it waited for)."""
+
+    machine_busy: float
+    own: float
+    cpus: int
+    at: float  # time.monotonic()
+
+
+def cpu_times() -> CPUTimes | None:
+    """Now's :class:`CPUTimes`, read from ``/proc/stat``; None where that is not there (not Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq (steal: the hypervisor's, not a process of this machine)
+    values = [int(v) for v in lines[0].split()[1:8]]
+    idle = values[3] + values[4]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    ticks = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return CPUTimes(
+        machine_busy=(sum(values) - idle) / ticks,
+        own=t.user + t.system + t.children_user + t.children_system,
+        cpus=max(cpus, 1),
+        at=time.monotonic(),
+    )
+
+
+def others_cpu_share(start: CPUTimes | None, end: CPUTimes | None) -> float | None:
+    """The share of the machine's CPU capacity that *other* processes used between two :func:`cpu_times`
+    (0 = nothing else ran, 1 = every core busy with something else); None where unknown.
+
+    A timing taken beside other CPU-bound work is not this job's speed: on 2 cores, a second torch process
+    slows ``generate`` several-fold (OpenMP threads spin waiting for each other).
+    """
+    if start is None or end is None or end.at <= start.at:
+        return None
+    others = (end.machine_busy - start.machine_busy) - (end.own - start.own)
+    return max(0.0, others / ((end.at - start.at) * end.cpus))

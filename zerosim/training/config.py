@@ -1,0 +1,239 @@
+"""The training recipe's schema (``zerosim train``, ``zerosim policy warmstart``), beside the recipe
+(:mod:`zerosim.training.recipe`) as TRL keeps ``GRPOConfig`` beside ``GRPOTrainer``.
+
+A part that belongs to a lower layer is defined there and composed here: ``search`` (:mod:`zerosim.engines`),
+``curriculum`` (:mod:`curricula.config`), ``rollout`` (:mod:`zerosim.agent.rollout`), ``reward``
+(:mod:`zerosim.agent.rewards`), ``tracking`` and ``runtime``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from curricula.config import CurriculumConfig
+from zerosim.agent.rewards import RewardConfig
+from zerosim.agent.rollout import RolloutConfig
+from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError, load_config, ranged
+from zerosim.core.models import DType
+from zerosim.core.runtime import RuntimeConfig
+from zerosim.core.tracking import TrackingConfig
+from zerosim.engines import EngineName, SearchConfig
+
+
+class Algorithm(StrEnum):
+    """``trainer.algorithm``: the RL algorithm (:mod:`zerosim.training.trainer`, :mod:`zerosim.training.algorithms`)."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+    rloo = "rloo"
+    reinforce = "reinforce"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
+
+
+class Generation(StrEnum):
+    """``trainer.generation``: what samples the policy (TRL's vLLM modes or transformers)."""
+
+    hf = "hf"
+    vllm_colocate = "vllm_colocate"
+    vllm_server = "vllm_server"
+
+
+class LRScheduler(StrEnum):
+    """``trainer.lr_scheduler``: the learning rate over ``max_steps``."""
+
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+class ValidationEngine(StrEnum):
+    """``validation.engine``: the training engine (without curriculum noise) or a named one."""
+
+    train = "train"
+    simulator = "simulator"
+    bm25 = "bm25"
+    dense = "dense"
+    hybrid = "hybrid"
+    http = "http"
+
+
+@dataclass
+class RunConfig:
+    # run name (MLflow run name, output sub-folder)
+    name: str = "zerosim"
+    # seeds torch, numpy, the curriculum draws and the simulator
+    seed: int = ranged(0, ">=0")
+    # checkpoints go to <output_dir>/<name>
+    output_dir: str = "outputs"
+    # continue from the last complete checkpoint in <output_dir>/<name> (same MLflow run); `resume=true` works too
+    resume: bool = False
+
+
+@dataclass
+class PolicyConfig:
+    # HF id, local checkpoint path, or "smollm2" (embedded)
+    model: str = EMBEDDED_MODEL
+    # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+    dtype: DType = DType.auto
+
+
+@dataclass
+class DataConfig:
+    # FlashRAG jsonl/parquet file, HF dataset id, or "factbook" (embedded)
+    train: str = EMBEDDED_DATA
+    # split name for HF ids and for the embedded factbook
+    split: str = "train"
+    # use only the first N rows (after a seeded shuffle); None = all
+    max_examples: int | None = ranged(None, ">=1", "null = all")
+
+
+@dataclass
+class TrainerConfig:
+    # grpo | dr_grpo | dapo (TRL loss types) | rloo | reinforce | reinforce_pp | ppo (critic + GAE)
+    algorithm: Algorithm = Algorithm.grpo
+    # optimizer steps
+    max_steps: int = ranged(5, ">=1")
+    # AdamW learning rate
+    learning_rate: float = ranged(1e-6, ">0")
+    # constant (veRL's default, as ZeroSearch / Search-R1 run) | linear | cosine decay over max_steps
+    lr_scheduler: LRScheduler = LRScheduler.constant
+    # share of max_steps spent warming the learning rate up from 0
+    warmup_ratio: float = ranged(0.0, "[0,1)", "a share of max_steps")
+    # trajectories per device per step (prompts x num_generations)
+    per_device_train_batch_size: int = ranged(8, ">=1", "trajectories per device per step")
+    # group size: trajectories per prompt (GRPO needs >= 2)
+    num_generations: int = ranged(4, ">=2", "group-relative advantages of a group of one are always 0")
+    # micro-batches per optimizer step
+    gradient_accumulation_steps: int = ranged(1, ">=1")
+    # KL coefficient to the reference policy (0 = no reference model)
+    beta: float = ranged(0.0, ">=0")
+    # PPO-style clip range
+    epsilon: float = ranged(0.2, ">0")
+    # upper clip range (DAPO's clip-higher); None = 0.28 for dapo, epsilon otherwise
+    epsilon_high: float | None = ranged(None, ">0", "null = 0.28 for dapo, epsilon otherwise")
+    # drop groups whose rewards are all equal from the loss (DAPO; dapo, rloo); None = on for dapo
+    dynamic_sampling: bool | None = None
+    # gradient clipping
+    max_grad_norm: float = ranged(1.0, ">0")
+    # bf16 autocast of the update (fp32 weights); None = on with a GPU, or a CPU with AMX when beta = 0
+    bf16: bool | None = None
+    # log every N steps
+    logging_steps: int = ranged(1, ">=1")
+    # save the final policy checkpoint
+    save_final: bool = True
+    # save a resumable checkpoint (model, optimizer, scheduler, RNG, curriculum) every N steps; 0 = never
+    save_steps: int = ranged(0, ">=0", "0 = never")
+    # resumable checkpoints kept (older ones deleted)
+    save_total_limit: int = ranged(2, ">=1")
+    # ppo: critic LM (HF id, path, smollm2); None = the policy's initial checkpoint
+    critic_model: str | None = None
+    # ppo: critic AdamW learning rate
+    critic_learning_rate: float = ranged(1e-5, ">0")
+    # ppo: critic optimizer steps per generation batch
+    critic_epochs: int = ranged(1, ">=1")
+    # ppo, reinforce_pp: discount over policy tokens (ZeroSearch / Search-R1: 1)
+    gamma: float = ranged(1.0, "[0,1]")
+    # ppo: GAE lambda (ZeroSearch / Search-R1: 1)
+    lam: float = ranged(1.0, "[0,1]")
+    # ppo: clip range of the value loss around the old values
+    value_clip: float = ranged(0.2, ">0")
+    # stop after N logged steps in a row where every trajectory scored 0 (no gradient); 0 = never
+    collapse_patience: int = ranged(5, ">=0", "0 = never")
+    # policy sampling: hf (transformers generate) | vllm_colocate | vllm_server (TRL's vLLM modes)
+    generation: Generation = Generation.hf
+    # vllm_server: a `trl vllm-serve --model <policy>` server
+    vllm_server_url: str = "http://127.0.0.1:8000"
+    # vllm_colocate: GPU memory share vLLM may take beside training
+    vllm_gpu_memory_utilization: float = ranged(0.3, "(0,1]", "a share of the GPU memory")
+    # vllm_colocate: GPUs per vLLM engine
+    vllm_tensor_parallel_size: int = ranged(1, ">=1")
+    # vLLM context length; None = prompt + max_completion_tokens + 512
+    vllm_max_model_length: int | None = ranged(None, ">=1", "null = prompt + max_completion_tokens + 512")
+
+    def validate(self, prefix: str) -> None:
+        """Whole groups per device batch; dynamic sampling only where a group baseline and a token-level loss
+        make it sound."""
+        if self.per_device_train_batch_size % self.num_generations:
+            fit = -(-self.per_device_train_batch_size // self.num_generations) * self.num_generations
+            raise ConfigError(
+                f"{prefix}per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
+                f"{prefix}num_generations ({self.num_generations}): each prompt's group is rolled out together; "
+                f"set e.g. {prefix}per_device_train_batch_size={fit}"
+            )
+        if self.dynamic_sampling and self.algorithm not in (Algorithm.dapo, Algorithm.rloo):
+            raise ConfigError(
+                f"{prefix}dynamic_sampling=true needs a group baseline and a token-level loss (dapo, rloo), not "
+                f"{prefix}algorithm={self.algorithm}: set {prefix}dynamic_sampling=false or "
+                f"{prefix}algorithm=dapo"
+            )
+
+
+@dataclass
+class WarmstartConfig:
+    # before RL, SFT the policy on synthetic search trajectories (cold start for small models)
+    enabled: bool = False
+    # questions to build trajectories from: file, HF id, or "factbook"
+    data: str = EMBEDDED_DATA
+    # split of those questions
+    split: str = "train"
+    # synthetic trajectories to build
+    num_examples: int = ranged(256, ">=1")
+    # keep only trajectories whose clipped documents hold the gold answer they write
+    grounded: bool = True
+    # SFT optimizer steps
+    max_steps: int = ranged(40, ">=1")
+    # SFT learning rate
+    learning_rate: float = ranged(1e-4, ">0")
+    # SFT batch size
+    batch_size: int = ranged(8, ">=1")
+    # documents kept per <information> block (match rollout.max_obs_tokens)
+    max_obs_tokens: int = ranged(160, ">=1")
+    # reuse <output_dir>/<name>/warmstart/final when it exists
+    reuse: bool = True
+    # retriever for the trajectories
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
+
+
+@dataclass
+class ValidationConfig:
+    # greedy agent evaluation of the current policy every N steps, logged as val/* (0 = off)
+    every: int = ranged(0, ">=0", "0 = off")
+    # with every > 0: also evaluate the starting policy (step 0)
+    on_start: bool = True
+    # questions: file, HF id or "factbook"; None = the first training questions (data.*, after max_examples' draw)
+    data: str | None = None
+    # split of validation.data (unused when data is None)
+    split: str = "dev"
+    # questions evaluated (first N rows; the whole set when smaller)
+    max_examples: int = ranged(64, ">=1")
+    # questions per batched rollout
+    batch_size: int = ranged(16, ">=1")
+    # train (the training engine, no curriculum noise) | bm25 | dense | hybrid | http (search.<engine> settings)
+    engine: ValidationEngine = ValidationEngine.train
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+def load_train_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A training recipe: :class:`TrainConfig` defaults, the YAML ``path`` and ``overrides``
+    (:func:`zerosim.core.config.load_config`)."""
+    return load_config(path, overrides, schema=TrainConfig)

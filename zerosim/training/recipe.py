@@ -1,0 +1,543 @@
+"""The RL recipe: a search-agent policy trained with TRL's GRPOTrainer over our multi-turn rollout.
+
+Read top to bottom: config → data → policy → search engine → curriculum → rollout → trainer → MLflow.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from curricula import CurriculumNoise, build_schedule, find_mixed
+from zerosim.agent.rewards import build_judge, make_reward_func
+from zerosim.agent.rollout import SearchRollout, build_prompt
+from zerosim.core.config import ConfigError
+from zerosim.core.data.embedded import load_questions
+from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
+from zerosim.core.fsutil import atomic_directory, atomic_write_text
+from zerosim.core.models import load_causal_lm, load_tokenizer
+from zerosim.core.tracking import (
+    log_config,
+    log_jsonl,
+    log_model,
+    log_training_curves,
+    mlflow_run,
+    trainer_mlflow_callback,
+)
+from zerosim.engines import build_search_engine, curriculum_adds_noise
+from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
+    RUN_FILE,
+    STATE_FILE,
+    ZerosimState,
+    bound_config,
+    discard_after,
+    last_complete_checkpoint,
+    resume_point,
+    resumed_changes,
+)
+from zerosim.training.config import TrainConfig
+from zerosim.training.trainer import Critic, SearchTrainer, algorithm_args, cpu_autocast_bf16
+from zerosim.training.trl_rollout import TRLRollout
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    checkpoint: Path | None
+    steps: int
+    validation: list[dict[str, float]] = field(default_factory=list)  # one entry per validation pass
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def training_questions(cfg: TrainConfig) -> list:
+    """The training questions: ``data.train`` (split ``data.split``), or a seeded draw of ``data.max_examples``."""
+    examples = load_questions(cfg.data.train, cfg.data.split)
+    if cfg.data.max_examples is not None:
+        rng = random.Random(cfg.run.seed)
+        examples = rng.sample(examples, min(cfg.data.max_examples, len(examples)))
+    if not examples:
+        raise ValueError(f"no training questions in {cfg.data.train} (split {cfg.data.split})")
+    return examples
+
+
+def build_dataset(examples: list):
+    """The training prompts of ``examples`` as a ``datasets.Dataset`` plus the prompt → (question, answers) table.
+
+    TRL hands the rollout only the prompt text, so rows whose questions read the same are one task: each gets
+    the union of their gold answers (in order of first appearance), in the dataset column the reward reads
+    and in the table the rollout (and the simulator) reads — the two never disagree.
+    """
+    from datasets import Dataset
+
+    answers: dict[str, list[str]] = {}
+    questions: dict[str, str] = {}
+    for ex in examples:
+        prompt = build_prompt(ex.question)
+        questions.setdefault(prompt, ex.question)
+        known = answers.setdefault(prompt, [])
+        known += [a for a in ex.golden_answers if a not in known]
+    prompts = [build_prompt(ex.question) for ex in examples]
+    # the question too: the LLM judge reward (reward.metric=judge) asks about it
+    rows = [{"prompt": p, "question": questions[p], "golden_answers": list(answers[p])} for p in prompts]
+    table = {p: (questions[p], tuple(answers[p])) for p in answers}
+    return Dataset.from_list(rows), table
+
+
+def grpo_args(cfg: TrainConfig, output_dir: Path):
+    from trl import GRPOConfig
+
+    t = cfg.trainer
+    on_gpu = torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        run_name=cfg.run.name,
+        seed=cfg.run.seed,
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        # transformers' "constant" ignores warm-up; "constant_with_warmup" is the same curve when it is 0
+        lr_scheduler_type="constant_with_warmup" if t.lr_scheduler == "constant" else t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # transformers reads a value below 1 as a share of max_steps
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        num_generations=t.num_generations,
+        beta=t.beta,
+        epsilon=t.epsilon,
+        **algorithm_args(
+            t.algorithm, t.epsilon_high
+        ),  # loss type, reward scaling, upper clip: what the name means
+        max_grad_norm=t.max_grad_norm,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        max_completion_length=cfg.rollout.max_completion_tokens,
+        logging_steps=t.logging_steps,
+        save_strategy="steps" if t.save_steps > 0 else "no",
+        save_steps=max(t.save_steps, 1),
+        save_total_limit=None,  # ZerosimState rotates, once a new checkpoint is complete (t.save_total_limit)
+        save_only_model=False,  # optimizer, scheduler and RNG states too: what a resume needs
+        report_to=[],  # MLflow: train() adds tracking.trainer_mlflow_callback (each metric once per step)
+        use_cpu=not on_gpu,
+        bf16=on_gpu and t.bf16 is not False,  # on CPU: SearchTrainer's own autocast (update_bf16)
+        gradient_checkpointing=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        **vllm_args(cfg),
+    )
+
+
+def vllm_args(cfg: TrainConfig) -> dict[str, Any]:
+    """``GRPOConfig`` fields for ``trainer.generation`` (none for hf): TRL runs vLLM and syncs its weights."""
+    from zerosim.agent.rollout import STOP_STRINGS
+
+    t = cfg.trainer
+    if t.generation == "hf":
+        return {}
+    r = cfg.rollout
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate" if t.generation == "vllm_colocate" else "server",
+        "vllm_server_base_url": t.vllm_server_url,
+        "vllm_gpu_memory_utilization": t.vllm_gpu_memory_utilization,
+        "vllm_tensor_parallel_size": t.vllm_tensor_parallel_size,
+        # room for the longest prompt (~256 tokens of instruction + question) and the whole trajectory
+        "vllm_max_model_length": t.vllm_max_model_length or r.max_completion_tokens + 512,
+        # each turn stops at the first </search> or </answer>, kept in the text like the HF path does
+        "generation_kwargs": {"stop": list(STOP_STRINGS), "include_stop_str_in_output": True},
+        "top_p": r.top_p,
+    }
+
+
+def require_vllm(cfg: TrainConfig) -> None:
+    """A clear error, before any weight is loaded, when ``trainer.generation`` asks for vLLM it cannot have."""
+    import importlib.util
+
+    if cfg.trainer.generation == "hf":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"trainer.generation={cfg.trainer.generation} needs vLLM, which is not installed here; install it on "
+            "a CUDA machine (pip install vllm, the version TRL supports) or use trainer.generation=hf"
+        )
+    if cfg.trainer.generation == "vllm_colocate" and not torch.cuda.is_available():
+        raise ConfigError(
+            "trainer.generation=vllm_colocate needs a CUDA GPU; use trainer.generation=hf on CPU"
+        )
+
+
+def _reusable_warmstart(cfg: TrainConfig, output_dir: Path) -> bool:
+    return cfg.warmstart.reuse and (output_dir / "warmstart" / "final" / "config.json").is_file()
+
+
+def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
+    """The cold-start SFT checkpoint for this run: reused when present (``warmstart.reuse``), else trained."""
+    from zerosim.training.warmstart import run_warmstart
+
+    target = output_dir / "warmstart" / "final"
+    if _reusable_warmstart(cfg, output_dir):
+        return target
+    return run_warmstart(
+        cfg.warmstart,
+        policy=cfg.policy.model,
+        seed=cfg.run.seed,
+        tracking=cfg.tracking,
+        output_dir=output_dir / "warmstart",
+    )
+
+
+class CollapseGuard(TrainerCallback):
+    """Stops a run that has had no learning signal for ``patience`` logged steps in a row.
+
+    When every trajectory of a step scores the same (TRL's ``frac_reward_zero_std`` = 1) *and* that score
+    is 0, every advantage estimator here gives 0 — no gradient — and a policy that stopped searching and
+    answering (the GRPO collapse ZeroSearch users report) never recovers. Rather than spend the remaining
+    steps, the guard stops training; ``collapsed_at`` tells the caller where.
+    """
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.streak = 0
+        self.collapsed_at: int | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.patience < 1 or not logs or "reward" not in logs:
+            return
+        silent = logs.get("frac_reward_zero_std", 0.0) >= 1.0 and abs(logs["reward"]) < 1e-12
+        self.streak = self.streak + 1 if silent else 0
+        if self.streak >= self.patience:
+            self.collapsed_at = int(state.global_step)
+            control.should_training_stop = True
+
+
+def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
+    """(gain, redundancy) weights of the StepSearch-style step rewards, or None when both are 0."""
+    r = cfg.reward
+    if r.step_gain_weight == 0 and r.step_redundancy_weight == 0:
+        return None
+    return r.step_gain_weight, r.step_redundancy_weight
+
+
+def instrumented(schedule, reward_func, procs=None):
+    """``reward_func`` timed (``time/reward_s``) and, for schedules with ``observe`` (adaptive), reporting
+    each step's mean reward to the schedule. Under ``search.engine=mixed`` (the rollout passes each
+    trajectory's ``search_source`` group) it also logs ``mixed/<group>/reward``, the mean reward per group.
+
+    The mean is the whole batch's: with several processes (``procs``, accelerate's ``PartialState``) each
+    rank's reward sum and count are all-reduced, so every rank's schedule sees the same signal and holds the
+    same ``p`` (the one checkpointed by rank 0). Every rank calls the reward function once per generation
+    batch, so the all-reduce is entered by all of them together.
+    """
+    import math
+    import time
+
+    observe = getattr(schedule, "observe", None)
+
+    def reward(*args, trainer_state=None, log_metric=None, **kwargs):
+        started = time.perf_counter()
+        rewards = reward_func(*args, log_metric=log_metric, **kwargs)  # the judge logs judge/* through it
+        if log_metric is not None:
+            log_metric("time/reward_s", time.perf_counter() - started)
+            for name, value in reward_by_source(rewards, kwargs.get("search_source")).items():
+                log_metric(name, value)
+        if observe is not None and trainer_state is not None:
+            scored = [float(r) for r in rewards if r is not None and math.isfinite(r)]
+            total, count = sum(scored), float(len(scored))
+            if procs is not None and procs.num_processes > 1:
+                both = torch.tensor([total, count], dtype=torch.float64, device=procs.device)
+                torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.SUM)
+                total, count = both.tolist()
+            if count:
+                observe(int(trainer_state.global_step), total / count)
+        return rewards
+
+    reward.__name__ = reward_func.__name__
+    return reward
+
+
+def reward_by_source(rewards, groups) -> dict[str, float]:
+    """``mixed/<group>/reward``: the mean reward of the trajectories of each source group present
+    (``groups``: the rollout's ``search_source`` column; ``None`` outside ``search.engine=mixed``)."""
+    import math
+
+    if not groups:
+        return {}
+    by_group: dict[str, list[float]] = {}
+    for reward, group in zip(rewards, groups, strict=True):
+        if reward is not None and math.isfinite(reward):
+            by_group.setdefault(group, []).append(float(reward))
+    return {f"mixed/{g}/reward": sum(v) / len(v) for g, v in by_group.items()}
+
+
+def closing(resources: ExitStack | None, thing):
+    """``thing``, its ``close()`` (if it has one) called when ``resources`` closes."""
+    close = getattr(thing, "close", None)
+    if resources is not None and callable(close):
+        resources.callback(close)
+    return thing
+
+
+def build_validation(cfg: TrainConfig, questions, engine, tokenizer, resources: ExitStack | None = None):
+    """The :class:`zerosim.training.validation.Validation` callback for ``cfg.validation``; ``bind`` it to the trainer.
+    An engine of its own (``validation.engine`` other than ``train``) is closed with ``resources``."""
+    import dataclasses
+
+    from eval.harness import answers_override
+    from zerosim.training.validation import Validation, validation_examples
+
+    v = cfg.validation
+    examples = validation_examples(v, questions)
+    if v.engine != "train":  # a separate engine, e.g. the real retriever beside a simulator used for training
+        engine = closing(
+            resources,
+            build_search_engine(
+                dataclasses.replace(cfg.search, engine=v.engine, negatives="none"),
+                seed=cfg.run.seed,
+                dtype=cfg.policy.dtype,
+            ),
+        )
+    # the gold answers reach the simulator in training only, unless search.simulator.pass_answers=true
+    answers_shown = answers_override(cfg.search, cfg.search.engine if v.engine == "train" else v.engine)
+    if answers_shown:
+        import mlflow
+
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("zerosim.simulator_sees_answers", "validation")
+    return Validation(
+        v,
+        examples,
+        rollout=cfg.rollout,
+        k=cfg.search.k,
+        engine=engine,
+        tokenizer=tokenizer,
+        seed=cfg.run.seed,
+        answers_shown=answers_shown,
+    )
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run one RL job end to end and return the MLflow run id and the final checkpoint. The search engines
+    and the judge it opens (HTTP sessions, cache databases) are closed when it returns or fails."""
+    with ExitStack() as resources:
+        return _train(cfg, resources)
+
+
+def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
+    require_vllm(cfg)
+    from zerosim.core.runtime import apply_threads
+
+    apply_threads(cfg.runtime.threads)  # this process's share of the cores, before any work
+    procs = process_state()  # under `accelerate launch`: one of several ranks
+    main = procs.is_main_process
+    seed_everything(cfg.run.seed)
+    output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    # which run this job continues, if any: checked (run id, config) before any weight loads
+    checkpoint_in, run_id = resume_point(cfg, output_dir)
+    from zerosim.training.dry_run import plan
+
+    # what --dry-run checks, before any weight loads: data files, paths, URLs
+    plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
+
+    questions = training_questions(cfg)
+    dataset, examples = build_dataset(questions)
+    # the engine before the policy (and a warm start): a damaged index, a server that is down or cannot
+    # honour the curriculum's noise stops the job before any policy weight loads
+    engine = closing(
+        resources,
+        build_search_engine(
+            cfg.search,
+            seed=cfg.run.seed,
+            dtype=cfg.policy.dtype,
+            noise=curriculum_adds_noise(cfg.curriculum),
+            total_steps=cfg.trainer.max_steps,  # engine=mixed: the real share's schedule length by default
+        ),
+    )
+    policy_model = cfg.policy.model
+    if cfg.warmstart.enabled:
+        if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):
+            raise ConfigError(
+                "warmstart.enabled with several processes: run the warm start once first "
+                "(`zerosim policy warmstart --config RECIPE`, one process), then launch training — it reuses "
+                f"{output_dir / 'warmstart' / 'final'}"
+            )
+        policy_model = str(warmstart_checkpoint(cfg, output_dir))
+    tokenizer = load_tokenizer(policy_model)
+    policy = load_causal_lm(policy_model, cfg.policy.dtype)
+    c = cfg.curriculum
+    schedule = build_schedule(
+        c.schedule,
+        p_start=c.p_start,
+        p_end=c.p_end,
+        base=c.base,
+        total_steps=c.total_steps or cfg.trainer.max_steps,
+        stages=c.stages,
+        window=c.adaptive_window,
+        raise_above=c.adaptive_raise_above,
+        lower_below=c.adaptive_lower_below,
+        delta=c.adaptive_delta,
+    )
+    mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source
+    loop = SearchRollout(
+        tokenizer,
+        engine,
+        config=cfg.rollout,
+        k=cfg.search.k,
+        examples=examples,
+        noise=CurriculumNoise(schedule, seed=cfg.run.seed, k=cfg.search.k, granularity=c.granularity),
+        source=None if mixed is None else mixed.draw_source,
+        step_metrics=lambda step: {
+            "curriculum/noise_prob": schedule.probability(step),
+            **({} if mixed is None else {"mixed/real_share": mixed.real_share(step)}),
+        },
+        step_rewards=step_weights(cfg),
+    )
+    # TRL's rollout_func over the loop: its metrics go to the trainer's metric hook (bound below)
+    rollout = TRLRollout(
+        loop, num_samples=cfg.tracking.num_sample_trajectories, sample_every=cfg.tracking.sample_every
+    )
+
+    tags = {
+        "zerosim.job": "train",
+        "zerosim.policy_init": policy_model,
+        "zerosim.processes": str(procs.num_processes),
+        "zerosim.threads": str(torch.get_num_threads()),  # what this process computes with (runtime.threads)
+    }
+    # one MLflow run per job: the main process owns it (TRL's callback logs from the main process only)
+    tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) if main else nullcontext()
+    with tracking as run:
+        run_id = broadcast_object(run.info.run_id if main else None, procs)
+        if main and checkpoint_in is None:
+            import json
+
+            log_config(cfg)
+            atomic_write_text(output_dir / RUN_FILE, json.dumps({"run_id": run.info.run_id}))
+        elif main:
+            import mlflow
+
+            mlflow.set_tag("zerosim.resumed_from", str(checkpoint_in.resolve()))
+            discard_after(checkpoint_in)  # the killed attempt's later, incomplete saves
+            changed = resumed_changes(cfg, mlflow.get_run(run_id).data.params)
+            if changed:  # the params keep the first values (MLflow never changes one)
+                mlflow.set_tag("zerosim.resumed_with", " ".join(f"{k}={v}" for k, v in changed.items()))
+        t = cfg.trainer
+        guard = CollapseGuard(t.collapse_patience)
+        validation = None
+        if cfg.validation.every:
+            validation = build_validation(cfg, questions, engine, tokenizer, resources)
+        state_callback = ZerosimState(
+            schedule,
+            run_id=run_id,
+            config=bound_config(cfg),
+            keep=t.save_total_limit,
+            rollout=rollout,
+            validation=validation,
+            guard=guard,
+        )
+        # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
+        callbacks = [state_callback, guard, trainer_mlflow_callback()]
+        if validation is not None:
+            callbacks.append(validation)
+        critic = None
+        if t.algorithm == "ppo":
+            critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
+        trainer = SearchTrainer(
+            algorithm=t.algorithm,
+            critic=critic,
+            critic_learning_rate=t.critic_learning_rate,
+            gamma=t.gamma,
+            lam=t.lam,
+            value_clip=t.value_clip,
+            critic_epochs=t.critic_epochs,
+            critic_micro_batch=t.per_device_train_batch_size,
+            # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
+            update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
+            dynamic_sampling=t.dynamic_sampling,
+            model=policy,
+            reward_funcs=[
+                instrumented(
+                    schedule,
+                    make_reward_func(
+                        cfg.reward.metric,
+                        cfg.reward.format_weight,
+                        step_rewards=step_weights(cfg) is not None,
+                        weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
+                        # reward.metric=judge: its server checked here
+                        judge=closing(resources, build_judge(cfg.reward)),
+                    ),
+                    procs,
+                )
+            ],
+            args=grpo_args(cfg, output_dir),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=rollout,
+            callbacks=callbacks,
+        )
+        # the callbacks and the rollout exist before the trainer; each that needs it gets it here, before
+        # training starts
+        state_callback.bind(trainer)
+        rollout.bind(trainer)
+        if validation is not None:
+            validation.bind(trainer)
+        if checkpoint_in is not None:
+            state_callback.load(checkpoint_in)
+        trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
+        if guard.collapsed_at is not None and main:
+            import logging
+
+            import mlflow
+
+            mlflow.set_tag("zerosim.collapsed_at_step", str(guard.collapsed_at))
+            logging.getLogger(__name__).warning(
+                "stopped at step %d: every trajectory scored 0 for %d steps in a row (no learning signal). "
+                "Lower trainer.learning_rate, add trainer.beta, or resume from an earlier checkpoint.",
+                guard.collapsed_at,
+                t.collapse_patience,
+            )
+        if main:
+            log_jsonl(rollout.samples, "samples/trajectories.jsonl")
+            log_training_curves(trainer.state.log_history)
+            if validation is not None and validation.history:
+                from zerosim.training.validation import PLOTTED as VALIDATION_PLOTTED
+
+                log_training_curves(validation.history, "plots/validation.png", VALIDATION_PLOTTED)
+                log_jsonl(validation.last_rows, "samples/validation.jsonl")
+        checkpoint = None
+        if cfg.trainer.save_final:
+            checkpoint = output_dir / "final"
+            with shared_atomic_directory(checkpoint, procs) as tmp:
+                trainer.save_model(
+                    str(tmp)
+                )  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
+                if main:
+                    tokenizer.save_pretrained(str(tmp))
+            if critic is not None and main:  # the critic copies are identical (averaged gradients)
+                with atomic_directory(output_dir / "critic") as tmp:
+                    trainer.save_critic(tmp)
+            if main:
+                import mlflow
+
+                mlflow.set_tag("zerosim.training.checkpoint", str(checkpoint.resolve()))
+                mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
+                if cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
+                    table = (
+                        "samples/validation.jsonl" if validation is not None and validation.history else None
+                    )
+                    log_model(checkpoint, name="policy", validation_table=table)
+        return TrainResult(
+            run_id=run_id,
+            checkpoint=checkpoint,
+            steps=trainer.state.global_step,
+            validation=list(validation.history) if validation is not None else [],
+        )

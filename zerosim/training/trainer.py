@@ -1,0 +1,766 @@
+"""The RL trainer: TRL's ``GRPOTrainer`` (rollout, loss, KL, logging) with our advantage estimators and PPO.
+
+Each ``algorithm`` is defined by :data:`ALGORITHMS`: the TRL settings that make it what its paper says
+(loss aggregation, reward scaling, clip range) — :class:`SearchTrainer` applies them to the ``GRPOConfig`` it
+is given, so the name means the same from ``zerosim train`` and from Python — and, where TRL's advantages
+are not the algorithm's, what replaces them. TRL computes rewards and GRPO-family advantages; this subclass
+keeps TRL's rewards (gathered across ranks, exactly what TRL's own advantages see) and:
+
+- ``dr_grpo`` — TRL's advantages without the division by the group's std (``scale_rewards="none"``) and
+  TRL's constant-normaliser loss;
+- ``dapo`` — TRL's token-level loss, clip-higher (``epsilon_high``, 0.28 as in the paper) and dynamic
+  sampling: groups whose rewards are all equal are dropped from the loss (their rows' loss mask is zeroed,
+  so they do not count in the token-level denominator either), and the number dropped is logged
+  (``algorithm/groups_dropped``). The batch is not refilled: the step learns from the groups left;
+- ``rloo``, ``reinforce`` — sequence advantages from :mod:`zerosim.training.algorithms`;
+- ``reinforce_pp`` — REINFORCE++: the KL to the reference is a per-token *reward*
+  ``-β·(log π_old - log π_ref)`` on every policy token, the outcome reward sits on the last one, the
+  advantage of a token is its return-to-go (``trainer.gamma``), normalised over the policy tokens of the
+  whole batch (all ranks); the KL is not in the loss;
+- ``ppo`` — a separate critic (a small LM with a one-output token-classification head, its own AdamW and
+  learning rate) values every completion token; GAE over the policy's tokens only (environment tokens are
+  skipped, see :func:`zerosim.training.algorithms.gae`) gives per-token advantages (whitened) and returns; the critic
+  then takes ``critic_epochs`` clipped-value-loss steps on that batch, in micro-batches of
+  ``critic_micro_batch`` rows (the policy's ``per_device_train_batch_size``) with the gradient accumulated,
+  so the critic's memory is bounded by the policy's micro-batch, not by the generation batch. The policy loss
+  is TRL's clipped surrogate with those per-token advantages (TRL accepts ``(B, T)`` advantages).
+
+The loss masks are TRL's: ``completion_mask × env_mask``, so ``<information>`` tokens never contribute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from zerosim.training.algorithms import (
+    ADVANTAGES,
+    EPS,
+    gae,
+    masked_mean,
+    outcome_token_rewards,
+    returns_to_go,
+    uniform_groups,
+    value_loss,
+    whiten,
+)
+
+log = logging.getLogger(__name__)
+
+# per completion, the rollout's step rewards: [(index of the token that closed a </search>, value), ...]
+StepRewards = list[list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What an algorithm name means in TRL's terms, beyond its advantage estimator."""
+
+    loss_type: str  # TRL's aggregation of the per-token surrogate
+    scale_rewards: str | None = None  # TRL's advantages: "group" (/ group std), "none"; None: ours instead
+    epsilon_high: float | None = None  # default upper clip range (None: trainer.epsilon, symmetric clipping)
+    dynamic_sampling: bool = False  # default: drop groups whose rewards are all equal from the loss
+    kl_in_reward: bool = False  # the KL to the reference is a token reward, not a loss term
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", scale_rewards="group"),
+    "dr_grpo": Algorithm("dr_grpo", scale_rewards="none"),  # Dr. GRPO: no std division, constant normaliser
+    "dapo": Algorithm("dapo", scale_rewards="group", epsilon_high=0.28, dynamic_sampling=True),
+    "rloo": Algorithm("dapo"),  # token-level mean over the batch: each token of a long answer counts once
+    "reinforce": Algorithm("dapo"),
+    "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
+    "ppo": Algorithm("dapo"),
+}
+# Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
+# token-level mean (zeroed rows then leave the denominator too).
+DYNAMIC_SAMPLING = ("dapo", "rloo")
+
+
+def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[str, Any]:
+    """The ``GRPOConfig`` fields that define ``algorithm`` (``epsilon_high``: an explicit upper clip range)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    spec = ALGORITHMS[algorithm]
+    fields: dict[str, Any] = {"loss_type": spec.loss_type}
+    if spec.scale_rewards is not None:
+        fields["scale_rewards"] = spec.scale_rewards
+    if epsilon_high is not None or spec.epsilon_high is not None:
+        fields["epsilon_high"] = epsilon_high if epsilon_high is not None else spec.epsilon_high
+    return fields
+
+
+# -- the update's micro-batches ------------------------------------------------------------------------------
+# TRL pads every row of a generation batch to the batch's longest prompt (left) and completion (right), shuffles
+# the rows and slices them into micro-batches that keep that width. ``group_by_length`` puts rows of similar
+# length together and cuts each micro-batch to its own longest row, so the forward and backward stop computing
+# padding. The rows stay in the same optimizer step, and the loss types below weight a row the same whichever
+# micro-batch it is in (equal-sized micro-batches): the summed gradient is the same up to float rounding.
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # (B, P), left-padded
+COMPLETION_KEYS = (  # (B, T), right-padded, when 2-D; (B,) advantages and (B, 1) sequence ratios are kept
+    "completion_ids",
+    "completion_mask",
+    "tool_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+)
+BATCH_KEYS = ("num_items_in_batch",)  # 0-d: the whole generation batch's
+# grpo: mean over rows of each row's token mean, / accumulation steps; dr_grpo: sum / (rows x
+# max_completion_length), / accumulation steps; dapo: sum / the generation batch's token count. Not bnpo (a
+# token mean per micro-batch: it changes with the grouping).
+GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
+
+
+def merge_rows(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """TRL's micro-batches of one generation batch (same widths) back into one batch, rows in order."""
+    merged = {}
+    for key, first in chunks[0].items():
+        if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
+            merged[key] = first
+        elif isinstance(first, torch.Tensor):
+            merged[key] = torch.cat([chunk[key] for chunk in chunks])
+        else:
+            merged[key] = [row for chunk in chunks for row in chunk[key]]
+    return merged
+
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
+    """``batch`` with only ``rows`` (indices, in that order); batch-level values kept."""
+    out = {}
+    for key, value in batch.items():
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            out[key] = value
+        elif isinstance(value, torch.Tensor):
+            out[key] = value[rows.to(value.device)]
+        else:
+            out[key] = [value[i] for i in rows.tolist()]
+    return out
+
+
+def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` without the prompt columns (left) and completion columns (right) that no row uses.
+
+    Dropping a left-padding column shifts every position of the batch by one; rotary position embeddings see
+    only position differences, so the log-probs are the same up to float rounding.
+    """
+    used = batch["prompt_mask"].any(0).nonzero()
+    first = int(used[0]) if len(used) else batch["prompt_mask"].shape[1] - 1
+    used = batch["completion_mask"].any(0).nonzero()
+    width = batch["completion_mask"].shape[1]
+    end = int(used[-1]) + 1 if len(used) else 1
+    out = dict(batch)
+    for key in PROMPT_KEYS:
+        out[key] = batch[key][:, first:]
+    for key in COMPLETION_KEYS:
+        value = batch.get(key)
+        if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
+            out[key] = value[:, :end]
+    return out
+
+
+def group_by_length(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``chunks`` (one generation batch in TRL's micro-batches) sorted by length (prompt +
+    completion tokens; ties keep their order) and cut into as many micro-batches of the same size, each
+    trimmed to its own longest row. Every value of a row (advantage, masks, log-probs) moves with it."""
+    batch = merge_rows(chunks)
+    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
+    order = torch.sort(lengths.cpu(), stable=True).indices
+    size = len(order) // len(chunks)
+    return [trim_padding(select_rows(batch, order[i * size : (i + 1) * size])) for i in range(len(chunks))]
+
+
+def groupable(batch: dict[str, Any]) -> bool:
+    """Whether every value of ``batch`` is one that :func:`group_by_length` knows how to move and trim."""
+    known = {*PROMPT_KEYS, *COMPLETION_KEYS, *BATCH_KEYS}
+    return set(batch) <= known and "prompt_mask" in batch and "completion_mask" in batch
+
+
+def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False) -> bool:
+    """Whether the update runs under SearchTrainer's bf16 autocast, for ``trainer.bf16``: True, False, or None
+    (auto): on a CPU that multiplies bf16 matrices in hardware (AMX), unless the loss compares log-probs of
+    two passes (``compares_passes``: a KL to the reference, a reused batch's old log-probs) — bf16 rounds each
+    pass differently (0.06 nats per token on the policy's own samples), which a ratio or a KL would read as
+    a difference of policies. With a GPU: never (TRL's own bf16 applies)."""
+    if torch.cuda.is_available() or setting is False:
+        return False
+    if setting is None:
+        probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+        return bool(probe is not None and probe()) and not compares_passes
+    return True
+
+
+# -- the log-prob head: only the positions that are scored -----------------------------------------------------
+# TRL's fused LM head (``add_fused_lm_head``) projects only the positions with a label on CUDA, but every
+# position elsewhere (prompt and padding included), and TRL labels every completion token, the
+# ``<information>`` blocks too. On CPU the head was ~40% of the update. ``compact_log_prob_head`` wraps the
+# fused forward: off CUDA/XPU it projects only the labelled positions and, in the loss's own pass, only the
+# positions in the loss mask (what ``scored()`` returns); the others read 0, as TRL's unlabelled ones do.
+LOGIT_SCALES = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
+
+
+def compact_log_prob_head(model, temperature: float, outputs: tuple[str, ...], scored, enabled) -> bool:
+    """Wrap ``model``'s fused forward (TRL's) so that off CUDA/XPU, while ``enabled()``, it scores only the
+    labelled positions, and of the last ``T`` only those where ``scored()`` (a ``(B, T)`` bool tensor, or None)
+    is true. Returns False and leaves the model alone when its head scales or caps its logits (TRL's forward
+    handles those)."""
+    import functools
+    import types
+
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer import utils as trl_utils
+
+    text = model.config.get_text_config()
+    if hasattr(model, "peft_config") or any(getattr(text, name, None) is not None for name in LOGIT_SCALES):
+        return False  # PEFT: TRL patched the base model; scaled or capped logits: TRL's forward knows them
+    chunk = getattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
+    fused = model.forward  # TRL's fused forward, bound to the model
+
+    @functools.wraps(type(model).forward)  # generate validates its kwargs against this signature
+    def forward(self, *args, fused_lm_head=False, labels=None, num_items_in_batch=None, **kwargs):
+        on_gpu = labels is not None and labels.device.type in ("cuda", "xpu")
+        special = "shift_labels" in kwargs or kwargs.get("output_router_logits")
+        if not fused_lm_head or labels is None or on_gpu or special or not enabled():
+            return fused(
+                *args,
+                fused_lm_head=fused_lm_head,
+                labels=labels,
+                num_items_in_batch=num_items_in_batch,
+                **kwargs,
+            )
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state[:, :-1]
+        targets = labels[:, 1:]
+        keep = scored()
+        if keep is not None and keep.shape[0] == targets.shape[0] and keep.shape[1] <= targets.shape[1]:
+            T = keep.shape[1]
+            targets = torch.cat(
+                [targets[:, :-T], targets[:, -T:].masked_fill(~keep.to(targets.device), -100)], 1
+            )
+        mask = targets != -100
+        head = self.get_output_embeddings()
+        # under autocast the head still projects in fp32 (as TRL's cast_lm_head_to_fp32): a bf16 logit of
+        # magnitude 20 is rounded to 1/8; with only the loss's positions projected this costs ~3% of the update
+        positions = hidden[mask].float()
+        with (
+            trl_utils.maybe_gather_lm_head_ctx(head.weight, head.bias),
+            torch.autocast(hidden.device.type, enabled=False),
+        ):
+            values = ChunkedLogProbFunction.apply(
+                positions, head.weight, head.bias, targets[mask], temperature, chunk, None, 1.0, outputs
+            )
+        log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1 = (
+            None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x) for x in values
+        )
+        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return trl_utils.FusedCausalLMOutput(
+            loss=-log_probs.sum() / count,
+            log_probs=log_probs,
+            entropy=entropy,
+            log_sum_sq_probs=log_sum_sq_probs,
+            mean_logits=mean_logits,
+            is_top1=is_top1,
+            label_mask=mask,
+        )
+
+    model.forward = types.MethodType(forward, model)
+    return True
+
+
+def _apply_algorithm(args: GRPOConfig, algorithm: str) -> GRPOConfig:
+    """A copy of ``args`` with ``algorithm``'s defining fields (an explicit ``epsilon_high`` is kept)."""
+    fields = algorithm_args(algorithm, args.epsilon_high)
+    changed = {k: v for k, v in fields.items() if getattr(args, k) != v}
+    if not changed:
+        return args
+    log.info(
+        "algorithm=%s sets %s",
+        algorithm,
+        ", ".join(f"{k}={v!r} (was {getattr(args, k)!r})" for k, v in changed.items()),
+    )
+    args = copy.copy(args)
+    for key, value in changed.items():
+        setattr(args, key, value)
+    return args
+
+
+class Critic(torch.nn.Module):
+    """Value model: a causal LM body with a scalar head per token (``AutoModelForTokenClassification``).
+
+    Dropout is off (as in TRL's and veRL's value models): transformers' token-classification head drops 10% of
+    its inputs by default, which would make the old values of GAE and the values the loss compares them with
+    two different random functions of the same weights.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        from trl.trainer.utils import disable_dropout_in_model
+
+        disable_dropout_in_model(model)
+        self.model = model
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype: str = "auto") -> Critic:
+        from transformers import AutoModelForTokenClassification
+
+        from zerosim.core.models import default_dtype, resolve_model
+
+        model = AutoModelForTokenClassification.from_pretrained(
+            resolve_model(name_or_path), num_labels=1, dtype=default_dtype(dtype)
+        )
+        torch.nn.init.zeros_(model.score.weight)  # start from V = 0 everywhere: no random value signal
+        if getattr(model.score, "bias", None) is not None:
+            torch.nn.init.zeros_(model.score.bias)
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = model.config.eos_token_id
+        return cls(model)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int
+    ) -> torch.Tensor:
+        """Values ``(B, T)`` of the completion tokens: ``V`` of the state each token is written from."""
+        scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)
+        return scores[:, -completion_length - 1 : -1].float()
+
+
+class _StepClock(TrainerCallback):
+    """``time/step_s``: wall time of each optimizer step, from its start to its end (the first ``on_step_end``:
+    validation, logging and saving come after it)."""
+
+    def __init__(self, trainer: SearchTrainer):
+        self.trainer = trainer
+        self.started: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is not None:
+            self.trainer._add_time("step", time.perf_counter() - self.started)
+            self.started = None
+
+
+class SearchTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with ``algorithm`` in grpo | dr_grpo | dapo | rloo | reinforce | reinforce_pp | ppo."""
+
+    def __init__(
+        self,
+        *args: Any,
+        algorithm: str = "grpo",
+        critic: Critic | None = None,
+        critic_learning_rate: float = 1e-5,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        value_clip: float = 0.2,
+        critic_epochs: int = 1,
+        critic_micro_batch: int | None = None,
+        dynamic_sampling: bool | None = None,
+        group_by_length: bool = True,
+        update_bf16: bool = False,
+        **kwargs: Any,
+    ):
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+        if algorithm == "ppo" and critic is None:
+            raise ValueError("algorithm=ppo needs a critic (Critic.from_pretrained)")
+        if critic_micro_batch is not None and critic_micro_batch < 1:
+            raise ValueError(
+                f"critic_micro_batch must be >= 1 (or None: whole batch), got {critic_micro_batch}"
+            )
+        spec = ALGORITHMS[algorithm]
+        if dynamic_sampling is None:
+            dynamic_sampling = spec.dynamic_sampling
+        if dynamic_sampling and algorithm not in DYNAMIC_SAMPLING:
+            raise ValueError(
+                f"dynamic_sampling drops groups whose rewards are all equal; it needs a group baseline and a "
+                f"token-level loss ({', '.join(DYNAMIC_SAMPLING)}), not algorithm={algorithm}: "
+                "set trainer.dynamic_sampling=false or use trainer.algorithm=dapo"
+            )
+        if not isinstance(kwargs.get("args"), GRPOConfig):
+            raise TypeError("SearchTrainer needs args=GRPOConfig(...), passed by keyword")
+        kwargs["args"] = _apply_algorithm(kwargs["args"], algorithm)
+        super().__init__(*args, **kwargs)
+        self.algorithm = algorithm
+        self.dynamic_sampling = bool(dynamic_sampling)
+        self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
+        self.critic = critic
+        self.critic_micro_batch = critic_micro_batch
+        self.group_by_length = group_by_length
+        self.update_bf16 = update_bf16
+        # the loss's pass scores only its loss mask's positions (see compact_log_prob_head)
+        self._scored_positions: torch.Tensor | None = None
+        me = weakref.ref(self)
+        self.compact_head = not self.args.cast_lm_head_to_fp32 and compact_log_prob_head(
+            self.model,
+            self.temperature,
+            ("log_probs", "entropy"),
+            scored=lambda: getattr(me(), "_scored_positions", None),
+            enabled=lambda: getattr(me(), "compact_head", False),
+        )
+        if self.compact_head and self.ref_model is not None:
+            compact_log_prob_head(
+                self.ref_model, self.temperature, ("log_probs",), scored=lambda: None, enabled=lambda: True
+            )
+        self.critic_optimizer = None
+        if critic is not None:
+            critic.to(self.accelerator.device)
+            self.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_learning_rate)
+        self._last_rewards: torch.Tensor | None = None
+        self._phase_seconds: dict[str, float] = {}  # time/<phase>_s accumulated since the last log
+        self._phase_logged_at = 0
+        # first in line, so its on_step_end runs before validation's: time/step_s is the training step alone
+        self.callback_handler.callbacks.insert(0, _StepClock(self))
+
+    # -- rewards: keep what TRL's advantage computation sees -------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        self._last_rewards = rewards
+        return rewards_per_func
+
+    # -- where a step's time goes: time/<phase>_s, seconds per optimizer step ------------------------------
+    # update (forward + backward of every micro-batch, less the scoring done inside them), logprob (no-grad
+    # log-prob passes while scoring: old policy, reference), critic (PPO: values, GAE, critic update), save
+    # (the checkpoint written after the previous logged step), step (wall time from the step's start to its
+    # end; validation, logging and saving not). Summed over micro-batches, divided by the optimizer
+    # steps since the last log. The rollout logs time/generate_s and time/search_s, the reward time/reward_s.
+    def _add_time(self, phase: str, seconds: float) -> None:
+        self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + seconds
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training and self._phase_seconds:
+            steps = max(1, self.state.global_step - self._phase_logged_at)
+            logs.update({f"time/{phase}_s": sec / steps for phase, sec in self._phase_seconds.items()})
+            self._phase_seconds.clear()
+            self._phase_logged_at = self.state.global_step
+        super().log(logs, start_time)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Times the update: the micro-step minus the rollout and scoring done inside it (``time/update_s``)."""
+        started = time.perf_counter()
+        self._scoring_seconds = 0.0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._add_time("update", time.perf_counter() - started - self._scoring_seconds)
+        return loss
+
+    # -- the update's micro-batches: grouped by length, trimmed (see group_by_length) ---------------------------
+    def _prepare_inputs(self, generation_batch):
+        fresh = self.model.training and (
+            self._buffered_inputs is None
+            or self._step % (self.args.steps_per_generation * self.num_iterations) == 0
+        )
+        inputs = super()._prepare_inputs(generation_batch)
+        if fresh and self._groups_by_length(self._buffered_inputs[0]):
+            self._buffered_inputs = group_by_length(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        return inputs
+
+    def _groups_by_length(self, batch: dict[str, Any]) -> bool:
+        """Whether regrouping this generation batch's micro-batches leaves the step's gradient as it is: the
+        rows stay in one optimizer step, the loss weighs a row the same in any micro-batch, and nothing is
+        computed per micro-batch (entropy bonus or quantile mask, MoE aux loss, off-policy mask)."""
+        a = self.args
+        return (
+            self.group_by_length
+            and self.loss_type in GROUPABLE_LOSSES
+            and a.gradient_accumulation_steps % a.steps_per_generation == 0
+            and not getattr(self, "_entropy_bonus_enabled", False)
+            and self.top_entropy_quantile >= 1.0
+            and not self.aux_loss_enabled
+            and getattr(self, "off_policy_mask_threshold", None) is None
+            and groupable(batch)
+        )
+
+    def _generate_and_score_completions(self, inputs):
+        started = time.perf_counter()
+        try:
+            return self._score(inputs)
+        finally:
+            self._scoring_seconds = getattr(self, "_scoring_seconds", 0.0) + time.perf_counter() - started
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        with self._update_precision():
+            if torch.is_grad_enabled():  # the loss's own forward: part of the update
+                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            finally:
+                self._add_time("logprob", time.perf_counter() - started)
+
+    def _update_precision(self):
+        """bf16 autocast, with ``update_bf16``, over every log-prob pass (the loss's, old policy, reference) and
+        the critic's passes; the weights, their gradients and the optimizer stay fp32."""
+        if not self.update_bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.accelerator.device.type, dtype=torch.bfloat16)
+
+    def _save_checkpoint(self, model, trial):
+        started = time.perf_counter()
+        try:
+            return super()._save_checkpoint(model, trial)
+        finally:
+            self._add_time("save", time.perf_counter() - started)
+
+    def _score(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        # TRL merged the rollout's extra fields into these rows (for the reward functions): each completion's
+        # step rewards, [(token index, value), ...] (zerosim.training.trl_rollout.TRLRollout), when it has them
+        steps = [row.get("step_rewards") or [] for row in inputs]
+        rewards = self._last_rewards
+        local = output["completion_ids"].shape[0]
+        start = self.accelerator.process_index * local
+        mode = "train" if self.model.training else "eval"
+        if self.algorithm in ADVANTAGES:
+            advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
+            output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
+        elif self.algorithm == "reinforce_pp":
+            output.update(self._reinforce_pp_advantages(output, rewards[start : start + local], steps))
+        elif self.algorithm == "ppo":
+            started = time.perf_counter()
+            output.update(self._ppo_advantages(output, rewards[start : start + local], steps))
+            self._add_time("critic", time.perf_counter() - started)
+        if self.dynamic_sampling:
+            self._drop_uniform_groups(output, rewards, start)
+        if self.algorithm not in ("grpo", "dr_grpo", "dapo"):
+            self._metrics[mode]["algorithm/advantage_abs_mean"].append(
+                output["advantages"].abs().mean().item()
+            )
+        return output
+
+    def _loss_mask(self, output) -> torch.Tensor:
+        mask = output["completion_mask"]
+        return mask * output["tool_mask"] if "tool_mask" in output else mask
+
+    # -- DAPO's dynamic sampling ---------------------------------------------------------------------------
+    def _drop_uniform_groups(self, output, rewards: torch.Tensor, start: int) -> None:
+        """Zero the loss mask of this rank's rows whose group (over the whole batch) has all-equal rewards.
+
+        Under the token-level loss the dropped rows then leave the denominator (``num_items_in_batch``,
+        recounted across ranks) as well as the numerator: the step is the loss of the remaining groups only.
+        """
+        local = output["completion_ids"].shape[0]
+        dropped = uniform_groups(rewards, self.num_generations)
+        keep = (~dropped).repeat_interleave(self.num_generations)[start : start + local]
+        mask = output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+        output["tool_mask"] = mask * keep.to(mask.device, mask.dtype).unsqueeze(1)
+        output["num_items_in_batch"] = self.accelerator.gather(self._loss_mask(output).sum()).sum()
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["algorithm/groups_dropped"].append(float(dropped.sum().item()))
+
+    # -- the loss --------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        """TRL's loss, its log-probs computed at the loss mask's positions only (the others read 0 in every
+        log-prob the loss compares: its own, old policy, reference, sampling)."""
+        if not self.compact_head:
+            return self._algorithm_loss(model, inputs)
+        mask = self._loss_mask(inputs).bool()
+        inputs = dict(inputs)
+        for key in ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"):
+            if isinstance(inputs.get(key), torch.Tensor) and inputs[key].shape == mask.shape:
+                inputs[key] = inputs[key] * mask
+        self._scored_positions = mask
+        try:
+            return self._algorithm_loss(model, inputs)
+        finally:
+            self._scored_positions = None
+
+    # -- REINFORCE++ ---------------------------------------------------------------------------------------
+    def _algorithm_loss(self, model, inputs):
+        if not (ALGORITHMS[self.algorithm].kl_in_reward and self.beta != 0.0):
+            return super()._compute_loss(model, inputs)
+        # REINFORCE++: the KL already is in the rewards (see _reinforce_pp_advantages), not in the loss. TRL
+        # keeps beta for the reference log-probs it computes at generation time; the loss runs without it.
+        beta, self.beta = self.beta, 0.0
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.beta = beta
+
+    def _reinforce_pp_advantages(
+        self, output, rewards: torch.Tensor, steps: StepRewards | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Token advantages of REINFORCE++: ``r_t = -β·(log π_old(y_t) - log π_ref(y_t))`` on every policy
+        token (the k1 estimate of KL(π_old ‖ π_ref)), plus the outcome reward on the last one (step rewards on
+        their ``</search>`` tokens); returns-to-go over policy tokens, normalised over the whole batch's."""
+        mask = self._loss_mask(output)
+        scorable = ~torch.isnan(rewards.to(mask.device))
+        mask = mask * scorable.unsqueeze(1).to(mask.dtype)  # unscorable rows: advantage 0, outside the stats
+        token_rewards = self._token_rewards(output, rewards, mask, steps)
+        mode = "train" if self.model.training else "eval"
+        if self.beta != 0.0:
+            old = output.get("old_per_token_logps")
+            if old is None:
+                old = self._policy_logps(output)
+            kl = (old - output["ref_per_token_logps"]).float() * mask
+            token_rewards = token_rewards - self.beta * kl
+            totals = self.accelerator.reduce(torch.stack([kl.sum(), mask.sum().float()]), reduction="sum")
+            self._metrics[mode]["algorithm/kl_reward"].append((totals[0] / totals[1].clamp(min=1)).item())
+        returns = returns_to_go(token_rewards, mask, self.gamma)
+        return {"advantages": self._whiten_batch(returns, mask).to(output["advantages"].dtype)}
+
+    @torch.no_grad()
+    def _policy_logps(self, output) -> torch.Tensor:
+        """Log-probs of the completion tokens under the policy that sampled them (no update yet this batch)."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        T = output["completion_ids"].shape[1]
+        a = self.args
+        size = a.per_device_train_batch_size if self.model.training else a.per_device_eval_batch_size
+        return self._get_per_token_logps_and_entropies(self.model, ids, attention, T, batch_size=size)[0]
+
+    def _whiten_batch(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) / (std + eps)`` with mean and (biased) std over the masked-in tokens of every rank."""
+        m = mask.to(torch.float64)
+        x64 = x.to(torch.float64)
+        stats = torch.stack([(x64 * m).sum(), (x64 * x64 * m).sum(), m.sum()])
+        total, squares, count = self.accelerator.reduce(stats, reduction="sum").unbind()
+        count = count.clamp(min=1.0)
+        mean = total / count
+        std = (squares / count - mean**2).clamp(min=0.0).sqrt()
+        return ((x64 - mean) / (std + EPS) * m).to(x.dtype)
+
+    def _token_rewards(
+        self, output, rewards: torch.Tensor, mask: torch.Tensor, steps: StepRewards | None = None
+    ) -> torch.Tensor:
+        """``(B, T)``: the outcome reward on each row's last policy token and the rollout's step rewards
+        (``steps``: per row, ``[(token index, value), ...]``, the rollout's ``step_rewards`` field) on their
+        ``</search>`` tokens (the reward function added their sum to the outcome: taken back off)."""
+        rewards = rewards.to(mask.device).float().clone()
+        steps = steps or []
+        placed = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        if len(steps) == len(rewards):
+            for row, items in enumerate(steps):
+                for index, value in items:
+                    if index < placed.shape[1] and mask[row, index]:
+                        placed[row, index] += value
+                        rewards[row] -= value
+        return outcome_token_rewards(rewards, mask) + placed
+
+    # -- PPO -----------------------------------------------------------------------------------------------
+    def _critic_inputs(self, output) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        return input_ids, attention, mask
+
+    def _ppo_advantages(
+        self, output, rewards: torch.Tensor, steps: StepRewards | None = None
+    ) -> dict[str, torch.Tensor]:
+        """GAE with the critic's values. The values before the critic's first step are what that step's own
+        forward computes (dropout is off), so the first critic epoch also gives GAE its values: one critic
+        forward over the batch less than a separate values pass."""
+        input_ids, attention, mask = self._critic_inputs(output)
+        T = output["completion_ids"].shape[1]
+        token_rewards = self._token_rewards(output, rewards, mask, steps)
+        self.critic.train()
+        values, first = self._critic_epoch(input_ids, attention, mask, T, token_rewards=token_rewards)
+        advantages, returns = gae(token_rewards, values, mask, self.gamma, self.lam)
+        advantages = whiten(advantages, mask)
+        stats = self._update_critic(
+            input_ids, attention, mask, values, returns, T, epochs=self.critic_epochs - 1, losses=[first]
+        )
+        mode = "train" if self.model.training else "eval"
+        for name, value in stats.items():
+            self._metrics[mode][name].append(value)
+        return {"advantages": advantages.to(output["advantages"].dtype)}
+
+    def _critic_chunks(self, attention: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices in chunks of at most ``critic_micro_batch`` rows (one chunk when unset), the rows
+        sorted by length so that each chunk pads to a similar width."""
+        n = attention.shape[0]
+        order = torch.sort(attention.sum(1).cpu(), stable=True).indices
+        size = self.critic_micro_batch or max(n, 1)
+        return [order[i : i + size] for i in range(0, n, size)]
+
+    def _critic_values(self, input_ids, attention, rows, T) -> torch.Tensor:
+        """The critic's ``(len(rows), T)`` values of ``rows``, computed without the columns none of them uses
+        (left padding of the prompts, right padding of the completions; those positions read 0)."""
+        ids, att = input_ids[rows], attention[rows]
+        used = att.any(0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        end = max(int(used[-1]) + 1 if len(used) else 0, att.shape[1] - T + 1, first + 2)
+        kept = T - (att.shape[1] - end)  # completion columns left
+        with self._update_precision():
+            values = self.critic(ids[:, first:end], att[:, first:end], kept)
+        return torch.nn.functional.pad(values, (0, T - kept))
+
+    def _critic_epoch(self, input_ids, attention, mask, T, old_values=None, returns=None, token_rewards=None):
+        """One critic optimizer step on the clipped value loss, gradient accumulated over chunks: each chunk's
+        masked mean weighted by its share of the masked tokens, so the summed gradient is the whole batch's.
+        Without ``old_values``, each chunk's own values are the old ones and its returns GAE's over
+        ``token_rewards``. Returns the values the step started from (detached) and the loss."""
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total = mask.sum().clamp(min=1)
+        started = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        loss_value = 0.0
+        for rows in self._critic_chunks(attention):
+            values = self._critic_values(input_ids, attention, rows, T)
+            started[rows] = values.detach()
+            if old_values is None:  # the first step: the values it starts from are the old ones
+                old = values.detach()
+                ret = gae(token_rewards[rows], old, mask[rows], self.gamma, self.lam)[1]
+            else:
+                old, ret = old_values[rows], returns[rows]
+            loss = value_loss(values, old, ret, mask[rows], self.value_clip) * mask[rows].sum() / total
+            loss.backward()
+            loss_value += loss.item()
+        self._average_critic_grads()
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.args.max_grad_norm)
+        self.critic_optimizer.step()
+        return started, loss_value
+
+    def _update_critic(
+        self, input_ids, attention, mask, old_values, returns, T, epochs=None, losses=None
+    ) -> dict[str, float]:
+        """``epochs`` (default ``critic_epochs``) critic steps against ``old_values`` and ``returns``; the
+        stats over those and the ``losses`` of steps already taken."""
+        self.critic.train()
+        losses = list(losses or [])
+        for _ in range(self.critic_epochs if epochs is None else epochs):
+            losses.append(self._critic_epoch(input_ids, attention, mask, T, old_values, returns)[1])
+        explained = 1 - masked_mean((returns - old_values) ** 2, mask) / (
+            masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8
+        )
+        return {
+            "critic/value_loss": sum(losses) / len(losses),
+            "critic/value_mean": masked_mean(old_values, mask).item(),
+            "critic/explained_variance": explained.item(),
+        }
+
+    def _average_critic_grads(self) -> None:
+        """Data-parallel critic: every rank steps with the mean gradient, so the copies stay identical.
+
+        The critic is a small LM kept whole on every rank (not sharded by DeepSpeed/FSDP), trained by its
+        own optimizer; one all-reduce of its gradients per critic step is what DDP would do for it.
+        """
+        if self.accelerator.num_processes < 2:
+            return
+        for p in self.critic.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+                p.grad /= self.accelerator.num_processes
+
+    def save_critic(self, path) -> None:
+        if self.critic is not None:
+            self.critic.model.save_pretrained(str(path))
