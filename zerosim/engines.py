@@ -24,6 +24,16 @@ class EngineName(StrEnum):
     http = "http"
     mixed = "mixed"
 
+    @property
+    def real(self) -> bool:
+        """A retriever over a corpus (bm25, dense, hybrid, http): what evaluation searches with."""
+        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid, EngineName.http)
+
+    @property
+    def simulated(self) -> bool:
+        """The simulator writes (some of) the documents: simulator, mixed."""
+        return self in (EngineName.simulator, EngineName.mixed)
+
 
 @dataclass
 class SearchConfig:
