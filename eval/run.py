@@ -155,7 +155,7 @@ def _training_run_of(policy_path: str) -> str | None:
         return None
     runs = mlflow.search_runs(
         search_all_experiments=True,
-        filter_string=f"tags.`zerosim.training.checkpoint` = '{path.resolve()}'",
+        filter_string=f"tags.`zerosim.checkpoint` = '{path.resolve()}'",
         output_format="list",
         max_results=1,
     )

@@ -268,7 +268,7 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
             tokenizer.padding_side = "left"  # what batched generation with this checkpoint wants
             tokenizer.save_pretrained(str(tmp))
         log_training_curves(trainer.state.log_history, "plots/sft.png", plotted)
-        mlflow.set_tag("zerosim.training.checkpoint", str(target.resolve()))
+        mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
         mlflow.set_tag("zerosim.lora_adapter", str(cfg.lora and not cfg.merge_lora).lower())
         if cfg.tracking.log_model:  # the final simulator as the run's model
             log_model(target, name="simulator")

@@ -17,7 +17,7 @@ SMOKE = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
 
 
 def test_bootstrap_interval_of_a_known_mean():
-    from zerosim.experiment import bootstrap_mean
+    from zerosim.experiment.report import bootstrap_mean
 
     x = np.array([1.0] * 200 + [0.0] * 200)  # mean 0.5, standard error 0.025
     mean, low, high = bootstrap_mean(x, confidence=0.95, resamples=4000, seed=0)
@@ -29,7 +29,7 @@ def test_bootstrap_interval_of_a_known_mean():
 def test_paired_bootstrap_sees_what_an_unpaired_one_cannot():
     """Two policies answer the same 400 questions; b is right on 200, a on the same 200 less 20: a's EM is 90%
     of b's, and pairing makes that interval tight (unpaired, the two means' intervals overlap)."""
-    from zerosim.experiment import bootstrap_mean, paired_ratio
+    from zerosim.experiment.report import bootstrap_mean, paired_ratio
 
     b = np.array([1.0] * 200 + [0.0] * 200)
     a = b.copy()
@@ -173,7 +173,8 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
     """`train_launcher` (e.g. `accelerate launch ...`) gets `-m zerosim.cli train --config <stage>/train.yaml`,
     and the stage's outputs are read from what that job wrote."""
     from zerosim.core.config import load_config
-    from zerosim.experiment import ExperimentConfig, Stage, _run_stage
+    from zerosim.experiment import ExperimentConfig
+    from zerosim.experiment.kinds import Stage, run_stage
     from zerosim.training.config import TrainConfig
 
     fake = tmp_path / "launcher.py"
@@ -189,7 +190,7 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
     out = tmp_path / "stages" / "train-real-s0"
     train = load_config(None, [f"run.output_dir={out}", "run.name=real"], schema=TrainConfig)
     cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake} --num_processes 2")
-    result = _run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
+    result = run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
     argv = json.loads((out / "real" / "argv.json").read_text())
     assert argv == ["--num_processes", "2", "-m", "zerosim.cli", "train", "--config", str(out / "train.yaml")]
     assert result == {"path": str(out / "real" / "final"), "run_id": "r1", "steps": train.trainer.max_steps}
@@ -246,7 +247,10 @@ def test_a_stage_whose_record_shows_todays_work_is_reused_whatever_key_it_was_wr
     it (re-run since), is not."""
     from dataclasses import replace
 
-    from zerosim.experiment import STAGE_FILE, _plain, build_stages, load_experiment, status
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.keys import status
+    from zerosim.experiment.kinds import STAGE_FILE
+    from zerosim.experiment.run import plain as _plain
 
     root = tmp_path / "root"
     cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
@@ -291,11 +295,11 @@ def test_stage_key_defaults_are_pinned():
     pinned`, with `KEY_DEFAULTS_VERSION` bumped where the change alters what a stage computes."""
     import os
 
-    from zerosim.experiment import KEY_DEFAULTS_VERSION, STAGE_SCHEMAS, schema_defaults
+    from zerosim.experiment.keys import KEY_DEFAULTS_VERSION, schema_defaults, stage_schemas
 
     current = {
         "version": KEY_DEFAULTS_VERSION,
-        "defaults": {s.__name__: schema_defaults(s) for s in sorted(set(STAGE_SCHEMAS.values()), key=str)},
+        "defaults": {s.__name__: schema_defaults(s) for s in sorted(set(stage_schemas().values()), key=str)},
     }
     if os.environ.get("ZEROSIM_UPDATE_SNAPSHOTS"):
         SNAPSHOT.parent.mkdir(exist_ok=True)
@@ -313,7 +317,7 @@ def test_stage_key_defaults_are_pinned():
         "stage-key defaults changed:\n  "
         + "\n  ".join(differences)
         + "\nA changed default that changes what a "
-        "stage computes needs KEY_DEFAULTS_VERSION bumped (zerosim/experiment.py); a new setting whose default "
+        "stage computes needs KEY_DEFAULTS_VERSION bumped (zerosim/experiment/keys.py); a new setting whose default "
         "changes nothing needs no bump. Then rewrite the snapshot: ZEROSIM_UPDATE_SNAPSHOTS=1 pytest "
         "tests/test_experiment.py -k pinned"
     )
@@ -322,9 +326,11 @@ def test_stage_key_defaults_are_pinned():
 def test_a_new_setting_at_its_default_re_keys_no_stage(tmp_path, monkeypatch):
     """A release that adds settings (top-level or nested) at defaults re-keys no finished stage; setting the
     new one in one arm re-keys that arm and the report only."""
-    from dataclasses import dataclass, field
+    from dataclasses import dataclass, field, replace
 
     import zerosim.experiment as experiment
+    import zerosim.experiment.kinds as kinds
+    import zerosim.experiment.stages as stages
     from zerosim.engines import SearchConfig
     from zerosim.job_config import EvalConfig
     from zerosim.training.config import TrainConfig
@@ -350,10 +356,10 @@ def test_a_new_setting_at_its_default_re_keys_no_stage(tmp_path, monkeypatch):
     class NextEval(EvalConfig):
         search: NextSearch = field(default_factory=lambda: NextSearch(engine="bm25"))
 
-    monkeypatch.setattr(experiment, "TrainConfig", NextTrain)
-    monkeypatch.setattr(experiment, "EvalConfig", NextEval)
+    monkeypatch.setattr(stages, "TrainConfig", NextTrain)
+    monkeypatch.setattr(stages, "EvalConfig", NextEval)
     for kind, schema in {"warmstart": NextTrain, "train": NextTrain, "eval": NextEval}.items():
-        monkeypatch.setitem(experiment.STAGE_SCHEMAS, kind, schema)
+        monkeypatch.setitem(kinds.KINDS, kind, replace(kinds.KINDS[kind], schema=schema))
     assert keys() == base
     changed = keys("arms.real.overrides=[search.engine=bm25,search.new_filter=0.5]")
     assert {n for n in base if changed[n] != base[n]} == {"train-real-s0", "eval-real-s0-bm25", "report"}
@@ -363,7 +369,9 @@ def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
     """A stage timed beside other CPU-bound work (or in an older record without the measurement) does not
     set the rate the dry run estimates with; one timed on a quiet machine does."""
     from zerosim.core.runtime import CPUTimes, others_cpu_share
-    from zerosim.experiment import RATES, build_stages, estimates, load_experiment
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.estimates import estimates
+    from zerosim.experiment.kinds import RATES
 
     # 20 s of wall on 2 cores; this process used 25 CPU seconds and the machine 35: others took 10 of 40
     start, end = CPUTimes(100.0, 5.0, 2, 0.0), CPUTimes(135.0, 30.0, 2, 20.0)
@@ -396,7 +404,7 @@ def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
 def test_a_continued_stage_counts_the_time_of_the_attempt_that_was_killed(tmp_path):
     """While a stage runs, its time so far is kept beside it; a continued stage adds the killed attempt's time
     (to within the save interval) to its own and counts the attempts; a fresh run starts from zero."""
-    from zerosim.experiment import ATTEMPT_FILE, StageClock
+    from zerosim.experiment.run import ATTEMPT_FILE, StageClock
 
     folder = tmp_path / "stage"
     with StageClock(folder, continuing=False, every=0.02) as clock:

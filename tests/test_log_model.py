@@ -35,7 +35,7 @@ def test_simulator_train_logs_a_loadable_model(tmp_path, tiny_model_dir, mlflow_
     (run,) = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
     tags, run_id = run.data.tags, run.info.run_id
     assert run.data.params["sft.tracking.log_model"] == "True"
-    assert tags["zerosim.core.config"] == f"runs:/{run_id}/config.yaml"
+    assert tags["zerosim.config"] == f"runs:/{run_id}/config.yaml"
     uri = tags["zerosim.model_uri"]
     assert uri.startswith("models:/") and "zerosim.eval_table" not in tags  # no eval yet
     assert mlflow.models.get_model_info(uri).flavors["transformers"]["task"] == "text-generation"

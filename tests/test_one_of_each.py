@@ -65,7 +65,7 @@ def test_every_jsonl_reader_raises_the_one_data_error(tmp_path):
     import simulators.sft
     from simulators.sft import load_sft_dataset
     from zerosim.core.data import load_qa
-    from zerosim.experiment import _scores
+    from zerosim.experiment.report import _scores
 
     assert not hasattr(simulators.sft, "DatasetError")
     bad = tmp_path / "bad.jsonl"

@@ -46,7 +46,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     if warmstart:
         (ws,) = [r for r in runs if r.data.tags["zerosim.job"] == "warmstart"]
         assert run.data.tags["zerosim.policy_init"] == str(tmp_path / "out" / "e2e" / "warmstart" / "final")
-        assert ws.data.tags["zerosim.training.checkpoint"] == str(
+        assert ws.data.tags["zerosim.checkpoint"] == str(
             (tmp_path / "out" / "e2e" / "warmstart" / "final").resolve()
         )
     assert run.info.status == "FINISHED"
@@ -65,7 +65,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     assert run.data.params["trainer.max_steps"] == "2"
     checkpoint = tmp_path / "out" / "e2e" / "final"
     assert (checkpoint / "config.json").is_file() and (checkpoint / "model.safetensors").is_file()
-    assert run.data.tags["zerosim.training.checkpoint"] == str(checkpoint.resolve())
+    assert run.data.tags["zerosim.checkpoint"] == str(checkpoint.resolve())
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "samples", "plots"} <= artifacts
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
@@ -84,7 +84,7 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
     assert {r["step"] for r in val_rows} == {2}
     if engine == "simulator":  # tracking.log_model: the model, its config and validation table linked
         tags, run_id = run.data.tags, run.info.run_id
-        assert tags["zerosim.core.config"] == f"runs:/{run_id}/config.yaml"
+        assert tags["zerosim.config"] == f"runs:/{run_id}/config.yaml"
         assert tags["zerosim.validation_table"] == f"runs:/{run_id}/samples/validation.jsonl"
         (model,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
         assert tags["zerosim.model_uri"] == model.model_uri and model.name == "policy"

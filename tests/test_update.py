@@ -71,7 +71,7 @@ def accumulate(trainer, micro_steps=None):
 
 # -- grouped micro-batches ---------------------------------------------------------------------------------
 def test_group_by_length_moves_every_value_with_its_row_and_trims_padding():
-    from zerosim.training.trainer import group_by_length
+    from zerosim.training.speedups import group_by_length
 
     B, P, T = 6, 5, 9
     prompt_len, completion_len = [5, 2, 3, 5, 1, 4], [9, 2, 7, 1, 8, 3]
@@ -271,7 +271,7 @@ def test_update_bf16_autocasts_the_loss_and_keeps_fp32_weights(
 
 def test_bf16_setting_resolves_per_machine(monkeypatch):
     from zerosim.training.config import load_train_config
-    from zerosim.training.trainer import cpu_autocast_bf16
+    from zerosim.training.speedups import cpu_autocast_bf16
 
     assert load_train_config("configs/demo-learning.yaml", []).trainer.bf16 is None
     assert load_train_config("configs/demo-learning.yaml", ["trainer.bf16=false"]).trainer.bf16 is False

@@ -174,7 +174,7 @@ def log_model(
     Logged with ``mlflow.transformers.log_model`` from the folder itself (task ``text-generation``): nothing
     is loaded or saved again, the files are copied into the run's artifacts, and
     ``mlflow.transformers.load_model(uri)`` gives the model back (docs/tracking.md). The model (metadata and
-    tags) and the run (tags) link the run's ``config.yaml`` (``zerosim.core.config``) and, where the run has one,
+    tags) and the run (tags) link the run's ``config.yaml`` (``zerosim.config``) and, where the run has one,
     its validation table (``validation_table``, an artifact path of the run: ``zerosim.validation_table``);
     the run is tagged ``zerosim.model_uri``. A later ``zerosim eval`` of the checkpoint links its table
     (:func:`link_eval_table`).
@@ -185,7 +185,7 @@ def log_model(
     run = mlflow.active_run()
     if run is None:
         raise RuntimeError("log_model needs an active MLflow run (mlflow_run)")
-    links = {"zerosim.core.config": f"runs:/{run.info.run_id}/config.yaml"}
+    links = {"zerosim.config": f"runs:/{run.info.run_id}/config.yaml"}
     if validation_table is not None:
         links["zerosim.validation_table"] = f"runs:/{run.info.run_id}/{validation_table}"
     from importlib.metadata import version

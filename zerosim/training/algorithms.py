@@ -1,4 +1,7 @@
-"""Advantage estimators and losses of the RL algorithms, one short function each, formula in the docstring.
+"""The RL algorithms: what each ``trainer.algorithm`` name means in TRL's terms (:data:`ALGORITHMS`), and the
+advantage estimators and losses that are not TRL's, one short function each, formula in the docstring.
+
+Nothing here imports TRL, so the dry run reads the table without loading it.
 
 Shapes: ``rewards`` is ``(B,)`` with the ``G`` trajectories of a prompt contiguous (``B = P·G``, TRL's
 layout). Token-level tensors are ``(B, T)`` over completion tokens; ``mask`` is 1 on tokens the policy
@@ -11,9 +14,50 @@ the others, and DAPO's dynamic-sampling test (:func:`uniform_groups`), are here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 EPS = 1e-4
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What an algorithm name means in TRL's terms, beyond its advantage estimator."""
+
+    loss_type: str  # TRL's aggregation of the per-token surrogate
+    scale_rewards: str | None = None  # TRL's advantages: "group" (/ group std), "none"; None: ours instead
+    epsilon_high: float | None = None  # default upper clip range (None: trainer.epsilon, symmetric clipping)
+    dynamic_sampling: bool = False  # default: drop groups whose rewards are all equal from the loss
+    kl_in_reward: bool = False  # the KL to the reference is a token reward, not a loss term
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", scale_rewards="group"),
+    "dr_grpo": Algorithm("dr_grpo", scale_rewards="none"),  # Dr. GRPO: no std division, constant normaliser
+    "dapo": Algorithm("dapo", scale_rewards="group", epsilon_high=0.28, dynamic_sampling=True),
+    "rloo": Algorithm("dapo"),  # token-level mean over the batch: each token of a long answer counts once
+    "reinforce": Algorithm("dapo"),
+    "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
+    "ppo": Algorithm("dapo"),
+}
+# Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
+# token-level mean (zeroed rows then leave the denominator too).
+DYNAMIC_SAMPLING = ("dapo", "rloo")
+
+
+def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[str, Any]:
+    """The ``GRPOConfig`` fields that define ``algorithm`` (``epsilon_high``: an explicit upper clip range)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    spec = ALGORITHMS[algorithm]
+    fields: dict[str, Any] = {"loss_type": spec.loss_type}
+    if spec.scale_rewards is not None:
+        fields["scale_rewards"] = spec.scale_rewards
+    if epsilon_high is not None or spec.epsilon_high is not None:
+        fields["epsilon_high"] = epsilon_high if epsilon_high is not None else spec.epsilon_high
+    return fields
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -285,7 +285,7 @@ def plan(
     run = f"{cfg.run.name} -> {output_dir}"
     if checkpoint is not None:
         run += f", resumes {checkpoint.name} of MLflow run {run_id}"
-    from zerosim.training.trainer import ALGORITHMS
+    from zerosim.training.algorithms import ALGORITHMS
 
     spec = ALGORITHMS[t.algorithm]
     epsilon_high = next(e for e in (t.epsilon_high, spec.epsilon_high, t.epsilon) if e is not None)

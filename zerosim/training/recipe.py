@@ -32,6 +32,7 @@ from zerosim.core.tracking import (
     trainer_mlflow_callback,
 )
 from zerosim.engines import build_search_engine, curriculum_adds_noise
+from zerosim.training.algorithms import algorithm_args
 from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
     RUN_FILE,
     STATE_FILE,
@@ -43,7 +44,8 @@ from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_comple
     resumed_changes,
 )
 from zerosim.training.config import TrainConfig
-from zerosim.training.trainer import Critic, SearchTrainer, algorithm_args, cpu_autocast_bf16
+from zerosim.training.speedups import cpu_autocast_bf16
+from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
 
 
@@ -528,7 +530,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             if main:
                 import mlflow
 
-                mlflow.set_tag("zerosim.training.checkpoint", str(checkpoint.resolve()))
+                mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
                 mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
                 if cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
                     table = (

@@ -1,6 +1,6 @@
 """The RL trainer: TRL's ``GRPOTrainer`` (rollout, loss, KL, logging) with our advantage estimators and PPO.
 
-Each ``algorithm`` is defined by :data:`ALGORITHMS`: the TRL settings that make it what its paper says
+Each ``algorithm`` is defined by :data:`zerosim.training.algorithms.ALGORITHMS`: the TRL settings that make it what its paper says
 (loss aggregation, reward scaling, clip range) — :class:`SearchTrainer` applies them to the ``GRPOConfig`` it
 is given, so the name means the same from ``zerosim train`` and from Python — and, where TRL's advantages
 are not the algorithm's, what replaces them. TRL computes rewards and GRPO-family advantages; this subclass
@@ -35,7 +35,6 @@ import copy
 import logging
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,7 +43,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from zerosim.training.algorithms import (
     ADVANTAGES,
+    ALGORITHMS,
+    DYNAMIC_SAMPLING,
     EPS,
+    algorithm_args,
     gae,
     masked_mean,
     outcome_token_rewards,
@@ -53,234 +55,17 @@ from zerosim.training.algorithms import (
     value_loss,
     whiten,
 )
+from zerosim.training.speedups import (
+    GROUPABLE_LOSSES,
+    compact_log_prob_head,
+    group_by_length,
+    groupable,
+)
 
 log = logging.getLogger(__name__)
 
 # per completion, the rollout's step rewards: [(index of the token that closed a </search>, value), ...]
 StepRewards = list[list[tuple[int, float]]]
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """What an algorithm name means in TRL's terms, beyond its advantage estimator."""
-
-    loss_type: str  # TRL's aggregation of the per-token surrogate
-    scale_rewards: str | None = None  # TRL's advantages: "group" (/ group std), "none"; None: ours instead
-    epsilon_high: float | None = None  # default upper clip range (None: trainer.epsilon, symmetric clipping)
-    dynamic_sampling: bool = False  # default: drop groups whose rewards are all equal from the loss
-    kl_in_reward: bool = False  # the KL to the reference is a token reward, not a loss term
-
-
-ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", scale_rewards="group"),
-    "dr_grpo": Algorithm("dr_grpo", scale_rewards="none"),  # Dr. GRPO: no std division, constant normaliser
-    "dapo": Algorithm("dapo", scale_rewards="group", epsilon_high=0.28, dynamic_sampling=True),
-    "rloo": Algorithm("dapo"),  # token-level mean over the batch: each token of a long answer counts once
-    "reinforce": Algorithm("dapo"),
-    "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
-    "ppo": Algorithm("dapo"),
-}
-# Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
-# token-level mean (zeroed rows then leave the denominator too).
-DYNAMIC_SAMPLING = ("dapo", "rloo")
-
-
-def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[str, Any]:
-    """The ``GRPOConfig`` fields that define ``algorithm`` (``epsilon_high``: an explicit upper clip range)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
-    spec = ALGORITHMS[algorithm]
-    fields: dict[str, Any] = {"loss_type": spec.loss_type}
-    if spec.scale_rewards is not None:
-        fields["scale_rewards"] = spec.scale_rewards
-    if epsilon_high is not None or spec.epsilon_high is not None:
-        fields["epsilon_high"] = epsilon_high if epsilon_high is not None else spec.epsilon_high
-    return fields
-
-
-# -- the update's micro-batches ------------------------------------------------------------------------------
-# TRL pads every row of a generation batch to the batch's longest prompt (left) and completion (right), shuffles
-# the rows and slices them into micro-batches that keep that width. ``group_by_length`` puts rows of similar
-# length together and cuts each micro-batch to its own longest row, so the forward and backward stop computing
-# padding. The rows stay in the same optimizer step, and the loss types below weight a row the same whichever
-# micro-batch it is in (equal-sized micro-batches): the summed gradient is the same up to float rounding.
-PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # (B, P), left-padded
-COMPLETION_KEYS = (  # (B, T), right-padded, when 2-D; (B,) advantages and (B, 1) sequence ratios are kept
-    "completion_ids",
-    "completion_mask",
-    "tool_mask",
-    "advantages",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "sampling_per_token_logps",
-    "importance_sampling_ratio",
-)
-BATCH_KEYS = ("num_items_in_batch",)  # 0-d: the whole generation batch's
-# grpo: mean over rows of each row's token mean, / accumulation steps; dr_grpo: sum / (rows x
-# max_completion_length), / accumulation steps; dapo: sum / the generation batch's token count. Not bnpo (a
-# token mean per micro-batch: it changes with the grouping).
-GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
-
-
-def merge_rows(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """TRL's micro-batches of one generation batch (same widths) back into one batch, rows in order."""
-    merged = {}
-    for key, first in chunks[0].items():
-        if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
-            merged[key] = first
-        elif isinstance(first, torch.Tensor):
-            merged[key] = torch.cat([chunk[key] for chunk in chunks])
-        else:
-            merged[key] = [row for chunk in chunks for row in chunk[key]]
-    return merged
-
-
-def select_rows(batch: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
-    """``batch`` with only ``rows`` (indices, in that order); batch-level values kept."""
-    out = {}
-    for key, value in batch.items():
-        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
-            out[key] = value
-        elif isinstance(value, torch.Tensor):
-            out[key] = value[rows.to(value.device)]
-        else:
-            out[key] = [value[i] for i in rows.tolist()]
-    return out
-
-
-def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
-    """``batch`` without the prompt columns (left) and completion columns (right) that no row uses.
-
-    Dropping a left-padding column shifts every position of the batch by one; rotary position embeddings see
-    only position differences, so the log-probs are the same up to float rounding.
-    """
-    used = batch["prompt_mask"].any(0).nonzero()
-    first = int(used[0]) if len(used) else batch["prompt_mask"].shape[1] - 1
-    used = batch["completion_mask"].any(0).nonzero()
-    width = batch["completion_mask"].shape[1]
-    end = int(used[-1]) + 1 if len(used) else 1
-    out = dict(batch)
-    for key in PROMPT_KEYS:
-        out[key] = batch[key][:, first:]
-    for key in COMPLETION_KEYS:
-        value = batch.get(key)
-        if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
-            out[key] = value[:, :end]
-    return out
-
-
-def group_by_length(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of ``chunks`` (one generation batch in TRL's micro-batches) sorted by length (prompt +
-    completion tokens; ties keep their order) and cut into as many micro-batches of the same size, each
-    trimmed to its own longest row. Every value of a row (advantage, masks, log-probs) moves with it."""
-    batch = merge_rows(chunks)
-    lengths = batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
-    order = torch.sort(lengths.cpu(), stable=True).indices
-    size = len(order) // len(chunks)
-    return [trim_padding(select_rows(batch, order[i * size : (i + 1) * size])) for i in range(len(chunks))]
-
-
-def groupable(batch: dict[str, Any]) -> bool:
-    """Whether every value of ``batch`` is one that :func:`group_by_length` knows how to move and trim."""
-    known = {*PROMPT_KEYS, *COMPLETION_KEYS, *BATCH_KEYS}
-    return set(batch) <= known and "prompt_mask" in batch and "completion_mask" in batch
-
-
-def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False) -> bool:
-    """Whether the update runs under SearchTrainer's bf16 autocast, for ``trainer.bf16``: True, False, or None
-    (auto): on a CPU that multiplies bf16 matrices in hardware (AMX), unless the loss compares log-probs of
-    two passes (``compares_passes``: a KL to the reference, a reused batch's old log-probs) — bf16 rounds each
-    pass differently (0.06 nats per token on the policy's own samples), which a ratio or a KL would read as
-    a difference of policies. With a GPU: never (TRL's own bf16 applies)."""
-    if torch.cuda.is_available() or setting is False:
-        return False
-    if setting is None:
-        probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-        return bool(probe is not None and probe()) and not compares_passes
-    return True
-
-
-# -- the log-prob head: only the positions that are scored -----------------------------------------------------
-# TRL's fused LM head (``add_fused_lm_head``) projects only the positions with a label on CUDA, but every
-# position elsewhere (prompt and padding included), and TRL labels every completion token, the
-# ``<information>`` blocks too. On CPU the head was ~40% of the update. ``compact_log_prob_head`` wraps the
-# fused forward: off CUDA/XPU it projects only the labelled positions and, in the loss's own pass, only the
-# positions in the loss mask (what ``scored()`` returns); the others read 0, as TRL's unlabelled ones do.
-LOGIT_SCALES = (
-    "final_logit_softcapping",
-    "logit_scale",
-    "output_multiplier",
-    "lm_head_multiplier",
-    "logits_scaling",
-)
-
-
-def compact_log_prob_head(model, temperature: float, outputs: tuple[str, ...], scored, enabled) -> bool:
-    """Wrap ``model``'s fused forward (TRL's) so that off CUDA/XPU, while ``enabled()``, it scores only the
-    labelled positions, and of the last ``T`` only those where ``scored()`` (a ``(B, T)`` bool tensor, or None)
-    is true. Returns False and leaves the model alone when its head scales or caps its logits (TRL's forward
-    handles those)."""
-    import functools
-    import types
-
-    from trl.kernels import ChunkedLogProbFunction
-    from trl.trainer import utils as trl_utils
-
-    text = model.config.get_text_config()
-    if hasattr(model, "peft_config") or any(getattr(text, name, None) is not None for name in LOGIT_SCALES):
-        return False  # PEFT: TRL patched the base model; scaled or capped logits: TRL's forward knows them
-    chunk = getattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
-    fused = model.forward  # TRL's fused forward, bound to the model
-
-    @functools.wraps(type(model).forward)  # generate validates its kwargs against this signature
-    def forward(self, *args, fused_lm_head=False, labels=None, num_items_in_batch=None, **kwargs):
-        on_gpu = labels is not None and labels.device.type in ("cuda", "xpu")
-        special = "shift_labels" in kwargs or kwargs.get("output_router_logits")
-        if not fused_lm_head or labels is None or on_gpu or special or not enabled():
-            return fused(
-                *args,
-                fused_lm_head=fused_lm_head,
-                labels=labels,
-                num_items_in_batch=num_items_in_batch,
-                **kwargs,
-            )
-        kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state[:, :-1]
-        targets = labels[:, 1:]
-        keep = scored()
-        if keep is not None and keep.shape[0] == targets.shape[0] and keep.shape[1] <= targets.shape[1]:
-            T = keep.shape[1]
-            targets = torch.cat(
-                [targets[:, :-T], targets[:, -T:].masked_fill(~keep.to(targets.device), -100)], 1
-            )
-        mask = targets != -100
-        head = self.get_output_embeddings()
-        # under autocast the head still projects in fp32 (as TRL's cast_lm_head_to_fp32): a bf16 logit of
-        # magnitude 20 is rounded to 1/8; with only the loss's positions projected this costs ~3% of the update
-        positions = hidden[mask].float()
-        with (
-            trl_utils.maybe_gather_lm_head_ctx(head.weight, head.bias),
-            torch.autocast(hidden.device.type, enabled=False),
-        ):
-            values = ChunkedLogProbFunction.apply(
-                positions, head.weight, head.bias, targets[mask], temperature, chunk, None, 1.0, outputs
-            )
-        log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1 = (
-            None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x) for x in values
-        )
-        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        return trl_utils.FusedCausalLMOutput(
-            loss=-log_probs.sum() / count,
-            log_probs=log_probs,
-            entropy=entropy,
-            log_sum_sq_probs=log_sum_sq_probs,
-            mean_logits=mean_logits,
-            is_top1=is_top1,
-            label_mask=mask,
-        )
-
-    model.forward = types.MethodType(forward, model)
-    return True
 
 
 def _apply_algorithm(args: GRPOConfig, algorithm: str) -> GRPOConfig:

@@ -160,6 +160,6 @@ def run_warmstart(
         with atomic_directory(target) as tmp:
             trainer.save_model(str(tmp))
             tokenizer.save_pretrained(str(tmp))
-        mlflow.set_tag("zerosim.training.checkpoint", str(target.resolve()))
+        mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
     shutil.rmtree(output_dir / "trainer", ignore_errors=True)
     return target

@@ -1,0 +1,163 @@
+"""The experiment's own settings (``zerosim experiment --config``): the arms, the simulator and eval stages,
+the report. Each stage's job reads its own schema; these only say how to build those jobs' configs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.config import Method
+from zerosim.core.config import ConfigError, load_config
+from zerosim.core.runtime import RuntimeConfig
+from zerosim.core.tracking import TrackingConfig
+from zerosim.engines import EngineName
+
+SIMULATOR_PLACEHOLDER = "{simulator}"  # in an arm's overrides: the experiment's simulator checkpoint
+
+
+@dataclass
+class SimulatorStageConfig:
+    # a ready simulator (path, HF id, smollm2): the simulator stages are skipped
+    model: str | None = None
+    # overrides of `zerosim simulator collect` (e.g. max_questions=400)
+    collect: list[str] = field(default_factory=list)
+    # overrides of `zerosim simulator train` (the SFT stage)
+    sft: list[str] = field(default_factory=list)
+    # DPO from the SFT checkpoint (mode-contrast pairs of the collected data)
+    dpo: bool = True
+    # overrides of the DPO `zerosim simulator train`
+    dpo_overrides: list[str] = field(default_factory=list)
+    # overrides of `zerosim simulator eval` (e.g. limit=32)
+    quality: list[str] = field(default_factory=list)
+    # search.simulator.* overrides of every arm that trains against the simulator (e.g. hint_min_coverage=0.5)
+    serve: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ArmConfig:
+    # train overrides on the base recipe; {simulator} = the simulator
+    overrides: list[str] = field(default_factory=list)
+    # false: no RL, the shared warm start is evaluated as it is
+    rl: bool = True
+    # false: leave the arm out of this experiment
+    enabled: bool = True
+
+    @property
+    def uses_simulator(self) -> bool:
+        """Whether the arm trains against the experiment's simulator (its overrides name it)."""
+        return any(SIMULATOR_PLACEHOLDER in o for o in self.overrides)
+
+
+def default_arms() -> dict[str, ArmConfig]:
+    simulator = ["search.engine=simulator", f"search.simulator.model={SIMULATOR_PLACEHOLDER}"]
+    return {
+        # the tuned simulator with the base recipe's curriculum (ZeroSearch)
+        "sim": ArmConfig(simulator),
+        # the tuned simulator, noise fixed at the curriculum's mean level instead of rising
+        "sim-nocurriculum": ArmConfig([*simulator, "curriculum.schedule=constant", "curriculum.p_end=0.25"]),
+        # the real retriever, no noise: the Search-R1 baseline
+        "real": ArmConfig(["search.engine=bm25", "curriculum.p_start=0.0", "curriculum.p_end=0.0"]),
+        # each search answered by the simulator or BM25 (half and half)
+        "mixed": ArmConfig(
+            [
+                "search.engine=mixed",
+                f"search.simulator.model={SIMULATOR_PLACEHOLDER}",
+                "search.mixed.real=bm25",
+                "search.mixed.real_share=0.5",
+            ]
+        ),
+        # the warm start only
+        "none": ArmConfig(rl=False),
+    }
+
+
+@dataclass
+class ExperimentEvalConfig:
+    # held-out sets (files, HF ids, factbook[:split])
+    datasets: list[str] = field(default_factory=lambda: ["factbook"])
+    # default split of those datasets
+    split: str = "test"
+    # questions per dataset (first N); None = all
+    limit: int | None = None
+    # real engines every policy is evaluated with (bm25, dense, hybrid, http)
+    engines: list[EngineName] = field(default_factory=lambda: [EngineName.bm25, EngineName.dense])
+    # methods run on the untrained policy (direct, rag)
+    baselines: list[Method] = field(default_factory=lambda: [Method.direct, Method.rag])
+    # questions per batched rollout
+    batch_size: int = 16
+    # overrides of every `zerosim eval` stage
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReportConfig:
+    # the arm every other arm is compared with (paired, same questions)
+    reference: str = "real"
+    # bootstrap interval level
+    confidence: float = 0.95
+    # bootstrap resamples
+    resamples: int = 2000
+    # seeds the bootstrap
+    seed: int = 0
+
+
+@dataclass
+class ExperimentConfig:
+    """``zerosim experiment``: stages over one base recipe; see :mod:`zerosim.experiment`."""
+
+    # folder under output_dir and MLflow parent run name
+    name: str = "sim-vs-real"
+    # the experiment writes to <output_dir>/<name>
+    output_dir: str = "outputs/experiments"
+    # the training recipe every arm starts from
+    base: str = "configs/demo-learning.yaml"
+    # train overrides for every arm (and the warm start)
+    overrides: list[str] = field(default_factory=list)
+    # one training run per arm and seed
+    seeds: list[int] = field(default_factory=lambda: [0])
+    # e.g. "accelerate launch --config_file configs/accelerate/zero2.yaml": each training stage runs as `<launcher> -m zerosim.cli train` (None: in this process)
+    train_launcher: str | None = None
+    simulator: SimulatorStageConfig = field(default_factory=SimulatorStageConfig)
+    # overrides of the shared warm start (warmstart.* keys)
+    warmstart: list[str] = field(default_factory=list)
+    # name -> train overrides (docs/experiments.md)
+    arms: dict[str, ArmConfig] = field(default_factory=default_arms)
+    eval: ExperimentEvalConfig = field(default_factory=ExperimentEvalConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-experiments"))
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @property
+    def root(self) -> Path:
+        """Where the experiment writes: ``<output_dir>/<name>``."""
+        return Path(self.output_dir) / self.name
+
+    def enabled_arms(self) -> dict[str, ArmConfig]:
+        return {name: arm for name, arm in self.arms.items() if arm.enabled}
+
+
+def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    cfg = load_config(path, overrides, schema=ExperimentConfig)
+    arms = cfg.enabled_arms()
+    if not arms:
+        raise ConfigError("every arm is disabled (arms.<name>.enabled=false): enable at least one")
+    if cfg.report.reference not in arms:
+        raise ConfigError(
+            f"report.reference={cfg.report.reference!r} is not an enabled arm ({', '.join(arms)}): "
+            "name one of them, e.g. report.reference=real"
+        )
+    if not cfg.seeds:
+        raise ConfigError("seeds is empty: give at least one, e.g. seeds=[0]")
+    if not cfg.eval.engines:
+        raise ConfigError("eval.engines is empty: give at least one real engine, e.g. eval.engines=[bm25]")
+    real = [e.value for e in EngineName if e.real]
+    bad = [e.value for e in cfg.eval.engines if not e.real]
+    if bad:
+        raise ConfigError(f"eval.engines has {bad}; valid: {', '.join(real)} (a real engine)")
+    bad = [m.value for m in cfg.eval.baselines if m == Method.agent]
+    if bad:
+        raise ConfigError(f"eval.baselines has {bad}; valid: direct, rag")
+    if not 0 < cfg.report.confidence < 1:
+        raise ConfigError(f"report.confidence must be in (0, 1), got {cfg.report.confidence}: e.g. 0.95")
+    return cfg

@@ -1,0 +1,321 @@
+"""What a stage is, and the one table of stage kinds: for each kind, the job it runs, the schema of that
+job's config (its inputs: a stage's key holds the settings that differ from that schema's defaults), what
+it returns (its outputs: the ``outputs`` of its record, read by the stages downstream and the report), and
+how long it takes (seconds per unit on a quiet 2-core machine, and how many units a config asks for).
+
+A new kind of stage is one :class:`Kind` member and one :data:`KINDS` entry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
+from zerosim.core.fsutil import atomic_write_text
+from zerosim.engines import EngineName
+from zerosim.experiment.config import ExperimentConfig
+from zerosim.job_config import EvalConfig, SimulatorCollectConfig
+from zerosim.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+STAGE_FILE = "stage.json"  # a finished stage's record: key, time, config, outputs
+
+
+class Kind(StrEnum):
+    collect = "collect"
+    sft = "sft"
+    dpo = "dpo"
+    quality = "quality"
+    warmstart = "warmstart"
+    train = "train"
+    eval = "eval"
+    report = "report"
+
+
+@dataclass
+class Stage:
+    name: str  # also the folder under <root>/stages
+    kind: Kind
+    config: Any  # the job's resolved config (a dataclass); None for the report
+    deps: list[str]  # the names of the stages whose outputs it reads
+    estimate_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)  # arm, seed, engine, method for eval stages
+    key: str = ""
+
+    def dir(self, root: Path) -> Path:
+        return root / "stages" / self.name
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def read_stage(stage: Stage, root: Path) -> dict[str, Any] | None:
+    """The record of a finished stage (``stage.json``), or None."""
+    return read_json(stage.dir(root) / STAGE_FILE)
+
+
+@dataclass
+class RunContext:
+    """What a stage's job is run with: the experiment, its folder, its MLflow parent run, and (for the
+    report) every stage and the outputs of those run or reused so far."""
+
+    cfg: ExperimentConfig
+    root: Path
+    parent_run_id: str | None
+    stages: Sequence[Stage] = ()
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# -- the jobs: each runs one stage and returns its outputs -----------------------------------------------
+def _collect(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from simulators.collect import run_collect
+    from zerosim.engines import build_search_engine
+
+    result = run_collect(stage.config, build_engine=build_search_engine)
+    return {"path": str(result.path), "rows": len(result.rows), "report": result.report}
+
+
+def _simulator_train(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from simulators.sft import run_sft
+
+    return {"path": str(run_sft(stage.config))}
+
+
+def _quality(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from simulators.quality import run_quality
+
+    result = run_quality(stage.config, progress=True)
+    return {"run_id": result.run_id, "report": result.report}
+
+
+def _warmstart(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from zerosim.training.warmstart import run_warmstart
+
+    c = stage.config
+    path = run_warmstart(
+        c.warmstart,
+        policy=c.policy.model,
+        seed=c.run.seed,
+        tracking=c.tracking,
+        output_dir=stage.dir(ctx.root) / "warmstart",
+    )
+    return {"path": str(path)}
+
+
+def _train(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    out = stage.dir(ctx.root)
+    c = stage.config
+    checkpoints = list((out / c.run.name).glob("checkpoint-*/"))
+    c = replace(c, run=replace(c.run, resume=bool(checkpoints)))
+    if ctx.cfg.train_launcher:
+        return _launch_training(c, out, ctx.cfg.train_launcher)
+    from zerosim.training.recipe import train
+
+    result = train(c)
+    return {"path": str(result.checkpoint), "run_id": result.run_id, "steps": result.steps}
+
+
+def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]:
+    """``<launcher> -m zerosim.cli train --config <out>/train.yaml``: several processes (GPUs) per arm."""
+    import shlex
+    import subprocess
+
+    from zerosim.core.config import to_yaml
+    from zerosim.training.checkpoint import recorded_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = atomic_write_text(out / "train.yaml", to_yaml(c))
+    command = [*shlex.split(launcher), "-m", "zerosim.cli", "train", "--config", str(recipe)]
+    log.info("launching %s", " ".join(command))
+    code = subprocess.call(command, stdin=subprocess.DEVNULL)
+    if code != 0:
+        raise RuntimeError(f"training stage failed (exit code {code}): {' '.join(command)}")
+    final = out / c.run.name / "final"
+    return {"path": str(final), "run_id": recorded_run(out / c.run.name), "steps": c.trainer.max_steps}
+
+
+def _eval(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from eval.run import run_eval
+    from zerosim.engines import build_search_engine
+
+    result = run_eval(stage.config, build_engine=build_search_engine)
+    return {
+        "run_id": result.run_id,
+        "rows": result.rows,
+        "questions": str(result.out_dir / "questions.jsonl"),
+    }
+
+
+def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
+    from zerosim.experiment.report import EvalScores, write_report
+
+    evals = [s for s in ctx.stages if s.kind == Kind.eval]
+    scores = [EvalScores(s.meta["arm"], s.meta["engine"], ctx.outputs[s.name]["questions"]) for s in evals]
+    records = {s.name: done for s in ctx.stages if (done := read_stage(s, ctx.root)) is not None}
+    # the search and rollout settings every policy was evaluated with: the base recipe's
+    return write_report(ctx.cfg, scores, records, evals[0].config, ctx.root)
+
+
+# -- how much work a stage's config asks for, and what it is in one line --------------------------------
+# A trajectory against the simulator (or mixed) costs this many real-retriever ones: the simulator writes the
+# documents (measured: 962, 1,277 and 1,114 s for the sim, sim-nocurriculum and mixed arms against 835 s).
+SIMULATOR_FACTOR = 1.35
+OVERHEAD_S = 15.0  # model load and MLflow per stage
+
+
+def _train_units(c: TrainConfig) -> float:
+    t = c.trainer
+    trajectories = t.max_steps * t.per_device_train_batch_size * t.gradient_accumulation_steps
+    return trajectories * (SIMULATOR_FACTOR if EngineName(c.search.engine).simulated else 1.0)
+
+
+def _eval_units(c: EvalConfig) -> float:
+    n = (c.limit or 200) * len(c.datasets)
+    return n * (1 / 3 if c.method == "direct" else 1.0)
+
+
+def _describe_train(stage: Stage) -> str:
+    c = stage.config
+    t, cur = c.trainer, c.curriculum
+    noise = (
+        f"noise {cur.p_start:g}->{cur.p_end:g} {cur.schedule}"
+        if cur.schedule != "constant"
+        else f"noise {cur.p_end:g}"
+    )
+    return f"{t.algorithm} {t.max_steps} steps x {t.per_device_train_batch_size * t.gradient_accumulation_steps} traj, search={c.search.engine}, {noise}"
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """What the experiment knows about one kind of stage."""
+
+    job: str  # the command a user would type for it
+    schema: type | None  # its config's schema (the stage key reads the settings changed from its defaults)
+    run: Callable[[Stage, RunContext], dict[str, Any]]  # runs the job; returns the record's outputs
+    outputs: tuple[str, ...]  # what those outputs hold
+    rate: float  # seconds per unit on a quiet 2-core machine with the embedded SmolLM2 (docs/experiments.md)
+    units: Callable[[Any], float]  # how many units a config asks for
+    describe: Callable[[Stage], str]  # one line for the dry run and the progress
+
+    def estimate(self, stage: Stage, rate: float | None = None) -> float:
+        """Seconds the stage should take, at ``rate`` (default: the shipped one) per unit."""
+        if stage.config is None:
+            return self.rate
+        return OVERHEAD_S + (self.rate if rate is None else rate) * self.units(stage.config)
+
+
+KINDS: dict[Kind, StageKind] = {
+    Kind.collect: StageKind(
+        job="zerosim simulator collect",
+        schema=SimulatorCollectConfig,
+        run=_collect,
+        outputs=("path", "rows", "report"),
+        rate=0.01,  # per question (BM25 + labelling; measured: 400 in 1.6 s)
+        units=lambda c: c.max_questions or 2000,
+        describe=lambda s: (
+            f"{s.config.max_questions or 'all'} {s.config.split} questions, "
+            f"{s.config.search.engine} depth {s.config.depth}"
+        ),
+    ),
+    Kind.sft: StageKind(
+        job="zerosim simulator train",
+        schema=SimulatorTrainConfig,
+        run=_simulator_train,
+        outputs=("path",),
+        rate=8.2,  # per optimizer step (batch 4, max_length 384; measured: 60 steps in 506 s)
+        units=lambda c: c.max_steps,
+        describe=lambda s: f"{s.config.objective} of {s.config.model}, {s.config.max_steps} steps",
+    ),
+    Kind.dpo: StageKind(
+        job="zerosim simulator train objective=dpo",
+        schema=SimulatorTrainConfig,
+        run=_simulator_train,
+        outputs=("path",),
+        rate=25.0,  # per optimizer step (batch 4: policy and reference; measured: 20 steps in 514 s)
+        units=lambda c: c.max_steps,
+        describe=lambda s: f"{s.config.objective} of {s.config.model}, {s.config.max_steps} steps",
+    ),
+    Kind.quality: StageKind(
+        job="zerosim simulator eval",
+        schema=SimulatorEvalConfig,
+        run=_quality,
+        outputs=("run_id", "report"),
+        rate=3.1,  # per question, a useful and a noisy request (measured: 32 in 113 s)
+        units=lambda c: c.limit or 200,
+        describe=lambda s: (
+            f"{s.config.simulator.model} on {s.config.limit or 'all'} {s.config.split} questions"
+        ),
+    ),
+    Kind.warmstart: StageKind(
+        job="zerosim policy warmstart",
+        schema=TrainConfig,
+        run=_warmstart,
+        outputs=("path",),
+        rate=9.8,  # per optimizer step (batch 4), trajectories built in seconds (measured: 5 in 64 s)
+        units=lambda c: c.warmstart.max_steps,
+        describe=lambda s: f"{s.config.policy.model}, {s.config.warmstart.max_steps} steps",
+    ),
+    Kind.train: StageKind(
+        job="zerosim train",
+        schema=TrainConfig,
+        run=_train,
+        outputs=("path", "run_id", "steps"),
+        rate=3.2,  # per trajectory with a real retriever (measured: 16 steps x 16 with BM25 in 835 s)
+        units=_train_units,
+        describe=_describe_train,
+    ),
+    Kind.eval: StageKind(
+        job="zerosim eval",
+        schema=EvalConfig,
+        run=_eval,
+        outputs=("run_id", "rows", "questions"),
+        # per question and method=agent (direct: a third); measured: 128 questions with BM25 in 97-214 s by
+        # policy (mean 160 s). A dense index of the corpus not built yet adds its build once (factbook: ~7 min)
+        rate=1.1,
+        units=_eval_units,
+        describe=lambda s: (
+            f"{s.config.method} on {','.join(s.config.datasets)} ({s.config.limit or 'all'}), "
+            f"search={s.meta['engine']}"
+        ),
+    ),
+    Kind.report: StageKind(
+        job="(the experiment's report)",
+        schema=None,
+        run=_report,
+        outputs=("report", "rows", "comparisons"),
+        rate=5.0,  # the whole report
+        units=lambda c: 0.0,
+        describe=lambda s: "tables, intervals, paired differences, plot",
+    ),
+}
+# the shipped rate of each kind that has units (tests and docs read them here)
+RATES = {kind.value: spec.rate for kind, spec in KINDS.items() if spec.schema is not None}
+
+
+def run_stage(
+    stage: Stage,
+    root: Path,
+    cfg: ExperimentConfig,
+    parent: str | None,
+    *,
+    stages: Sequence[Stage] = (),
+    outputs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Run one stage's job, its MLflow run nested under ``parent``; returns what downstream stages and the
+    report read."""
+    c = stage.config
+    if c is not None and hasattr(c, "tracking"):
+        stage = replace(stage, config=replace(c, tracking=replace(c.tracking, parent_run_id=parent)))
+    ctx = RunContext(cfg, root, parent, stages, outputs if outputs is not None else {})
+    return KINDS[stage.kind].run(stage, ctx)

@@ -1,0 +1,186 @@
+"""Running an experiment: the dry run's table, and the run — every stage not already finished with the same
+inputs, each timed over all its attempts and recorded (``stages/<name>/stage.json``), under one MLflow parent
+run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.runtime import cpu_times, others_cpu_share
+from zerosim.experiment.config import ExperimentConfig
+from zerosim.experiment.estimates import CONTENDED_SHARE, estimates
+from zerosim.experiment.keys import status
+from zerosim.experiment.kinds import KINDS, STAGE_FILE, Stage, read_json, read_stage, run_stage
+from zerosim.experiment.stages import build_stages
+
+EXPERIMENT_FILE = "experiment.json"  # the experiment's MLflow parent run
+ATTEMPT_FILE = "attempt.json"  # a running stage's time so far
+
+
+def describe(stage: Stage) -> str:
+    return KINDS[stage.kind].describe(stage)
+
+
+def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
+    """(stage, status, estimate, what) for ``--dry-run``."""
+    est = estimates(stages, root)
+    rows = []
+    for stage in stages:
+        state = status(stage, root, stages)
+        seconds = 0.0 if state == "reuse" else est[stage.name]
+        rows.append(
+            (stage.name, state, f"{seconds / 60:.1f} min", describe(stage).replace(str(root), "<root>"))
+        )
+    return rows
+
+
+class StageClock:
+    """A stage's wall time over all its attempts. While an attempt runs, the time so far is kept in
+    ``attempt.json`` every ``every`` seconds, so when a killed stage continues, the killed attempt's time
+    (to within ``every``) counts too; ``attempts`` counts them."""
+
+    def __init__(self, folder: Path, *, continuing: bool, every: float = 30.0):
+        self.folder, self.every = folder, every
+        earlier = read_json(folder / ATTEMPT_FILE) if continuing else None
+        self.prior = float(earlier.get("seconds", 0.0)) if earlier else 0.0
+        self.attempts = int(earlier.get("attempts", 1)) + 1 if earlier else 1
+        self._stop = threading.Event()
+        self.ended: float | None = None
+
+    def seconds(self) -> float:
+        end = self.ended if self.ended is not None else time.perf_counter()
+        return self.prior + end - self.started
+
+    def _save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            self.folder / ATTEMPT_FILE, json.dumps({"seconds": self.seconds(), "attempts": self.attempts})
+        )
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            self._save()
+
+    def __enter__(self) -> StageClock:
+        self.started = time.perf_counter()
+        self._save()
+        self._thread = threading.Thread(target=self._tick, name="stage-clock", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.ended = time.perf_counter()
+        self._save()
+
+
+def plain(obj: Any) -> Any:
+    """A stage's config as its record holds it."""
+    return asdict(obj) if is_dataclass(obj) else obj
+
+
+@dataclass
+class ExperimentResult:
+    root: Path
+    report: dict[str, Any]
+    ran: list[str]
+    reused: list[str]
+    parent_run_id: str
+
+
+def _parent_run(state: dict[str, Any]) -> str | None:
+    """The experiment's MLflow parent run from an earlier attempt, if the store still holds it."""
+    import mlflow
+
+    parent_id = state.get("parent_run_id")
+    if parent_id is not None:
+        try:
+            mlflow.MlflowClient().get_run(parent_id)
+        except Exception:  # noqa: BLE001 - another tracking store: a new parent run
+            parent_id = None
+    return parent_id
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    echo: Callable[[str], None] = print,
+    stop_after: str | None = None,
+) -> ExperimentResult:
+    """Run every stage not already finished with the same inputs, then the report.
+
+    ``stop_after`` (a stage name) ends the run after that stage, as a kill would (tests use it).
+    """
+    import mlflow
+
+    from zerosim.core.tracking import configure, mlflow_run
+
+    root = Path(cfg.output_dir) / cfg.name
+    stages = build_stages(cfg, root)
+    root.mkdir(parents=True, exist_ok=True)
+    state_path = root / EXPERIMENT_FILE
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    configure(cfg.tracking)
+    parent_id = _parent_run(state)
+    tags = {"zerosim.job": "experiment", "zerosim.experiment": cfg.name}
+    ran, reused = [], []
+    with mlflow_run(cfg.tracking, cfg.name, tags=tags, run_id=parent_id) as parent:
+        parent_id = parent.info.run_id
+        atomic_write_text(state_path, json.dumps({"parent_run_id": parent_id, "name": cfg.name}, indent=2))
+        if not state:
+            from zerosim.core.config import to_yaml
+
+            mlflow.log_text(to_yaml(cfg), "experiment.yaml")
+        outputs: dict[str, dict[str, Any]] = {}
+        for i, stage in enumerate(stages, 1):
+            current = status(stage, root, stages)
+            if current == "reuse":
+                outputs[stage.name] = read_stage(stage, root)["outputs"]
+                reused.append(stage.name)
+                echo(f"[{i}/{len(stages)}] {stage.name}: reused")
+                continue
+            if current in ("re-run", "run") and stage.dir(root).exists():
+                shutil.rmtree(stage.dir(root))
+            echo(f"[{i}/{len(stages)}] {stage.name}: {current} ({describe(stage)})")
+            cpu_before = cpu_times()
+            with StageClock(stage.dir(root), continuing=current == "continue") as clock:
+                result = run_stage(stage, root, cfg, parent_id, stages=stages, outputs=outputs)
+            seconds = clock.seconds()
+            others = others_cpu_share(cpu_before, cpu_times())  # this attempt's
+            if others is not None and others > CONTENDED_SHARE:
+                echo(
+                    f"  {stage.name} ran beside other processes (they took {others:.0%} of the CPU): "
+                    "its time is not this job's speed and no estimate learns from it"
+                )
+            record = {
+                "name": stage.name,
+                "kind": stage.kind,
+                "key": stage.key,
+                "deps": stage.deps,
+                "meta": stage.meta,
+                "seconds": seconds,  # every attempt's
+                "attempts": clock.attempts,
+                "others_cpu": None if others is None else round(others, 3),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "config": plain(stage.config),
+                "outputs": result,
+            }
+            stage.dir(root).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(stage.dir(root) / STAGE_FILE, json.dumps(record, indent=2, default=str))
+            mlflow.log_metric(f"stage_seconds/{stage.name}", seconds)
+            outputs[stage.name] = result
+            ran.append(stage.name)
+            if stop_after == stage.name:
+                break
+    report_path = root / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    return ExperimentResult(root, report, ran, reused, parent_id)

@@ -1,0 +1,250 @@
+"""The stage graph: every stage of an experiment with its job's resolved config, in run order.
+
+``build_stages`` reads config files only (no weights, no data) and is what both ``--dry-run`` and the run
+walk. It is written as the experiment's steps, each adding its stages and saying which model the next step
+starts from (a :class:`Source`: a model, and the stages that produce it):
+
+1. the simulator — collect → SFT → DPO → quality (none when ``simulator.model`` names one);
+2. the shared warm start (none when the base recipe turns it off);
+3. one training stage per arm × seed, from the warm start (``rl: false`` arms take the warm start as it is);
+4. every arm's policy evaluated with each real engine, and the untrained policy's baselines;
+5. the report, over every eval stage.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
+from zerosim.core.config import EMBEDDED_MODEL, ConfigError, load_config
+from zerosim.core.tracking import TrackingConfig
+from zerosim.engines import EngineName
+from zerosim.experiment.config import SIMULATOR_PLACEHOLDER, ExperimentConfig
+from zerosim.experiment.keys import fingerprint
+from zerosim.experiment.kinds import KINDS, Kind, Stage
+from zerosim.job_config import EvalConfig, SimulatorCollectConfig
+from zerosim.training.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model and the stages that produce it (none: it exists already)."""
+
+    model: str
+    deps: tuple[str, ...] = ()
+
+
+def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
+    """Every stage with its job's resolved config, key and estimate, in run order (reads config files only)."""
+    stages: list[Stage] = []
+    simulator = _simulator(cfg, root, stages)
+    base = _base_recipe(cfg)
+    warm = _train_config(cfg, base, [*cfg.warmstart, f"run.output_dir={root / 'stages'}", "run.name=warmstart"], "warmstart")  # fmt: skip
+    start = _warmstart(warm, root, stages)
+    policies = _arms(cfg, root, base, start, simulator, stages)
+    _evals(cfg, root, warm, policies, stages)
+    _baselines(cfg, root, warm, stages)
+    evals = [s.name for s in stages if s.kind == Kind.eval]
+    stages.append(Stage("report", Kind.report, None, evals, meta={"report": asdict(cfg.report)}))
+    keys: dict[str, str] = {}
+    for stage in stages:
+        stage.key = keys[stage.name] = fingerprint(stage, root, keys)
+        stage.estimate_s = KINDS[stage.kind].estimate(stage)
+    return stages
+
+
+# -- the jobs' configs -------------------------------------------------------------------------------------
+def _job_config(schema: type, path: str | Path | None, overrides: Sequence[str], where: str):
+    try:
+        return load_config(path, list(overrides), schema=schema)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _tracked(tracking: TrackingConfig, experiment: ExperimentConfig) -> TrackingConfig:
+    """A stage's tracking: its job's, in the experiment's store and MLflow experiment."""
+    return replace(
+        tracking, tracking_uri=experiment.tracking.tracking_uri, experiment=experiment.tracking.experiment
+    )
+
+
+def _job(schema: type, overrides: Sequence[str], where: str, cfg: ExperimentConfig):
+    """A simulator or eval job's config from its defaults and ``overrides``, tracked and run as the
+    experiment says."""
+    job = _job_config(schema, None, overrides, where)
+    return replace(job, tracking=_tracked(job.tracking, cfg), runtime=cfg.runtime)
+
+
+def _base_recipe(cfg: ExperimentConfig) -> Path:
+    base = Path(cfg.base)
+    if not base.is_file():
+        raise ConfigError(
+            f"base recipe {cfg.base} does not exist: point base= at a training recipe, e.g. configs/demo-learning.yaml"
+        )
+    return base
+
+
+def _train_config(cfg: ExperimentConfig, base: Path, extra: Sequence[str], where: str) -> TrainConfig:
+    """The base recipe with the experiment's overrides, then ``extra``."""
+    t = _job_config(TrainConfig, base, [*cfg.overrides, *extra], where)
+    return replace(t, tracking=_tracked(t.tracking, cfg), runtime=cfg.runtime)
+
+
+# -- 1. the simulator ----------------------------------------------------------------------------------------
+def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source:
+    """collect → SFT → (DPO) → quality, unless ``simulator.model`` names a ready simulator."""
+    if cfg.simulator.model is not None:
+        return Source(cfg.simulator.model)
+    s, d = cfg.simulator, root / "stages"
+    overrides = ["search.engine=bm25", "split=train", *s.collect, f"out={d / 'sim-collect' / 'sft.jsonl'}"]
+    collect = _job_config(SimulatorCollectConfig, None, overrides, "simulator.collect")
+    collect = Stage("sim-collect", Kind.collect, replace(collect, runtime=cfg.runtime), [])
+    data = collect.config.out
+    sft = _job(
+        SimulatorTrainConfig,
+        [*s.sft, f"data={data}", f"output_dir={d / 'sim-sft'}", "name=sft"],
+        "simulator.sft",
+        cfg,
+    )
+    sft = Stage("sim-sft", Kind.sft, sft, [collect.name])
+    stages += [collect, sft]
+    simulator = Source(str(d / "sim-sft" / "sft" / "final"), (sft.name,))
+    if s.dpo:
+        overrides = ["objective=dpo", *s.dpo_overrides, f"data={data}", f"model={simulator.model}"]
+        dpo = _job(
+            SimulatorTrainConfig,
+            [*overrides, f"output_dir={d / 'sim-dpo'}", "name=dpo"],
+            "simulator.dpo_overrides",
+            cfg,
+        )
+        stages.append(Stage("sim-dpo", Kind.dpo, dpo, [collect.name, sft.name]))
+        simulator = Source(str(d / "sim-dpo" / "dpo" / "final"), ("sim-dpo",))
+    quality = _job(
+        SimulatorEvalConfig,
+        [
+            *s.quality,
+            f"simulator.model={simulator.model}",
+            f"output_dir={d / 'sim-quality'}",
+            "run_name=quality",
+        ],
+        "simulator.quality",
+        cfg,
+    )
+    stages.append(Stage("sim-quality", Kind.quality, quality, list(simulator.deps)))
+    return simulator
+
+
+# -- 2. the warm start ---------------------------------------------------------------------------------------
+def _warmstart(warm: TrainConfig, root: Path, stages: list[Stage]) -> Source:
+    """One warm start shared by every arm; when the base recipe (or ``warmstart``) turns it off, every arm
+    starts from the base policy."""
+    if not warm.warmstart.enabled:
+        return Source(warm.policy.model)
+    stage = Stage("warmstart", Kind.warmstart, warm, [])
+    stages.append(stage)
+    return Source(str(stage.dir(root) / "warmstart" / "final"), (stage.name,))
+
+
+# -- 3. the arms ---------------------------------------------------------------------------------------------
+def _arms(
+    cfg: ExperimentConfig, root: Path, base: Path, start: Source, simulator: Source, stages: list[Stage]
+) -> dict[tuple[str, int], Source]:
+    """A training stage per enabled arm and seed; returns each (arm, seed)'s policy."""
+    policies: dict[tuple[str, int], Source] = {}
+    for name, arm in cfg.enabled_arms().items():
+        for seed in cfg.seeds:
+            if not arm.rl:
+                policies[(name, seed)] = start
+                continue
+            overrides = [
+                o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in arm.overrides
+            ]
+            if arm.uses_simulator:
+                overrides += [
+                    f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
+                ]
+            stage_name = f"train-{name}-s{seed}"
+            out = root / "stages" / stage_name
+            train = _train_config(
+                cfg,
+                base,
+                [
+                    *overrides,
+                    f"policy.model={start.model}",
+                    "warmstart.enabled=false",
+                    f"run.seed={seed}",
+                    f"run.output_dir={out}",
+                    f"run.name={name}",
+                ],
+                f"arms.{name}",
+            )
+            deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
+            stages.append(Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}))
+            policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
+    return policies
+
+
+# -- 4. evaluation -------------------------------------------------------------------------------------------
+def _eval_config(
+    cfg: ExperimentConfig,
+    root: Path,
+    recipe: TrainConfig,
+    policy: str,
+    method: str,
+    engine: str,
+    stage_name: str,
+) -> EvalConfig:
+    """``zerosim eval`` of ``policy``, searching and rolling out as the base recipe (``recipe``) does, greedily."""
+    e = cfg.eval
+    overrides = [
+        f"policy={policy}",
+        f"method={method}",
+        f"split={e.split}",
+        f"batch_size={e.batch_size}",
+        f"output_dir={root / 'stages' / stage_name}",
+        "run_name=eval",
+        f"seed={cfg.seeds[0]}",
+        *e.overrides,
+    ]
+    if e.limit is not None:
+        overrides.append(f"limit={e.limit}")
+    ev = _job_config(EvalConfig, None, overrides, "eval.overrides")
+    return replace(
+        ev,
+        datasets=list(e.datasets),
+        search=replace(copy.deepcopy(recipe.search), engine=engine),
+        rollout=replace(recipe.rollout, temperature=0.0),
+        tracking=_tracked(ev.tracking, cfg),
+        runtime=cfg.runtime,
+    )
+
+
+def _evals(
+    cfg: ExperimentConfig,
+    root: Path,
+    recipe: TrainConfig,
+    policies: dict[tuple[str, int], Source],
+    stages: list[Stage],
+) -> None:
+    """Every arm's policy (``method=agent``) with each real engine."""
+    for (name, seed), policy in policies.items():
+        for engine in cfg.eval.engines:
+            stage_name = f"eval-{name}-s{seed}-{engine}"
+            config = _eval_config(cfg, root, recipe, policy.model, "agent", engine, stage_name)
+            meta = {"arm": name, "seed": seed, "engine": engine, "method": "agent"}
+            stages.append(Stage(stage_name, Kind.eval, config, list(policy.deps), meta=meta))
+
+
+def _baselines(cfg: ExperimentConfig, root: Path, recipe: TrainConfig, stages: list[Stage]) -> None:
+    """The untrained policy's baselines: ``direct`` (no search, once) and ``rag`` with each real engine."""
+    first: EngineName = cfg.eval.engines[0]
+    for method in cfg.eval.baselines:
+        for engine in ["none"] if method == "direct" else cfg.eval.engines:
+            stage_name = f"baseline-{method}-{engine}"
+            searched = engine if engine != "none" else first
+            config = _eval_config(cfg, root, recipe, recipe.policy.model, method, searched, stage_name)
+            meta = {"arm": f"base-{method}", "seed": None, "engine": engine, "method": method}
+            stages.append(Stage(stage_name, Kind.eval, config, [], meta=meta))
