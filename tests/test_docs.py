@@ -14,7 +14,7 @@ def test_configuration_reference_is_current():
 
 
 def test_every_rollout_metric_is_documented():
-    source = (ROOT / "zerosim" / "rollout.py").read_text()
+    source = (ROOT / "zerosim" / "agent" / "rollout.py").read_text()
     names = set(re.findall(r'"((?:curriculum|search|rollout|time)/[a-z_]+)"', source))
     documented = (ROOT / "docs" / "metrics.md").read_text()
     assert names and all(f"`{n}`" in documented for n in names), names
