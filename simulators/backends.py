@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-import httpx
 import torch
 
 from zerosim.core.generation import HFGenerator
-from zerosim.core.http.retry import Retryable, RetryingClient, check_settings
+from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
 from zerosim.core.models import encode_chat_prompt, format_chat_prompt
 from zerosim.core.search import SearchError
 
@@ -169,6 +168,9 @@ def _rng_devices() -> list[int]:
 # -- over HTTP ----------------------------------------------------------------------------------------
 
 
+DEFAULT_RETRY = RetryPolicy(read_timeout=120.0)  # OpenAIBackend's when none is given
+
+
 class OpenAIBackend:
     """An OpenAI-compatible completions server (``vllm serve``, ``zerosim simulator serve``).
 
@@ -181,14 +183,10 @@ class OpenAIBackend:
         model: the model name the server serves (vLLM's ``--served-model-name``, or a LoRA adapter's name).
         tokenizer: a tokenizer object, or a name/path to load one from, whose chat template wraps each prompt
             before it is sent (``/v1/completions`` takes raw text). ``None`` sends prompts unformatted.
-        connect_timeout: seconds to wait for a TCP connection.
-        read_timeout: seconds to wait for an answer once sent (a batch of long completions takes a while);
-            an attempt as a whole ends ``connect_timeout + read_timeout`` after it started.
-        retries: attempts in all per request (1 = no retry). Connection errors, timeouts, 5xx answers,
-            invalid JSON and malformed answers (wrong number of choices, ...) are retried; a 4xx answer (a bad
-            request, an unknown model) is not.
-        backoff: seconds slept before the second attempt; doubled before each later one (capped at
-            ``max_backoff``).
+        retry: timeouts, attempts and backoff (:class:`~zerosim.core.http.retry.RetryPolicy`; ``read_timeout``
+            120 s by default: a batch of long completions takes a while). ``retries`` counts the attempts of
+            one request: connection errors, timeouts, 5xx answers, invalid JSON and malformed answers (wrong
+            number of choices, ...) are retried; a 4xx answer (a bad request, an unknown model) is not.
         max_concurrency: most requests in flight for one call (1 = all prompts in a single request).
         check_health: ask ``GET /health`` (falling back to ``GET /v1/models``) at construction, with the same
             retries; a server that never answers raises :class:`SearchError` right away.
@@ -202,18 +200,13 @@ class OpenAIBackend:
         model: str,
         *,
         tokenizer: Any = None,
-        connect_timeout: float = 2.0,
-        read_timeout: float = 120.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         max_concurrency: int = 1,
         check_health: bool = True,
     ):
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"simulator server url {base_url!r} must look like http://HOST:PORT")
-        check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency} must be at least 1")
         if not model:
@@ -229,23 +222,15 @@ class OpenAIBackend:
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.retry = retry
         self.max_concurrency = max_concurrency
         self.stats = {"requests": 0, "retries": 0}  # HTTP requests sent (attempts), and retries among them
         self._stats_lock = threading.Lock()  # concurrent requests update the counters
         self._http = RetryingClient(
             "simulator server",
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
+            retry,
             on_retry=lambda: self._count("retries"),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            max_connections=max_concurrency,
             log=logger,
         )
         self._pool = ThreadPoolExecutor(max_concurrency) if max_concurrency > 1 else None
@@ -321,7 +306,7 @@ class OpenAIBackend:
 
     def __repr__(self) -> str:
         return (
-            f"OpenAIBackend({self.base_url!r}, model={self.model!r}, retries={self.retries}, "
+            f"OpenAIBackend({self.base_url!r}, model={self.model!r}, retries={self.retry.retries}, "
             f"max_concurrency={self.max_concurrency})"
         )
 

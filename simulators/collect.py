@@ -32,6 +32,7 @@ from simulators.prompts import SimulatorPrompts, preset_prompts
 from zerosim.core.data.jsonl import write_jsonl
 from zerosim.core.data.qa import QAExample
 from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.judge import MAX_TOKENS, parse_verdict
 from zerosim.core.metrics import answer_in_text
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
@@ -42,7 +43,6 @@ JUDGE_PROMPT = (
     "Document: {document}\n"
     "Does the document state the correct answer or a fact that directly gives it? Reply with yes or no."
 )
-_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,15 @@ class ContainmentLabeler:
 class JudgeLabeler:
     """An LLM decides useful/noisy; an answer that starts with neither yes nor no falls back to containment.
 
+    The answer is read as the reward judge reads its own (:func:`zerosim.core.judge.parse_verdict`).
+
     Every fallback is counted in the report (``label_fallbacks``): a judge that rarely answers yes/no is a
     judge to replace, not to trust.
     """
 
     name = "judge"
 
-    def __init__(self, backend, max_new_tokens: int = 4, batch_size: int = 32):
+    def __init__(self, backend, max_new_tokens: int = MAX_TOKENS, batch_size: int = 32):
         self.backend = backend
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -164,11 +166,6 @@ class JudgeLabeler:
         else:
             backend = TransformersBackend.from_pretrained(cfg.model)
         return cls(backend, max_new_tokens=cfg.max_new_tokens)
-
-    @staticmethod
-    def parse(text: str) -> bool | None:
-        m = _YES_NO.match(text)
-        return None if m is None else m.group(1).lower() == "yes"
 
     def label(self, items: Sequence[tuple[QAExample, str]]) -> list[tuple[bool, str]]:
         out: list[tuple[bool, str]] = []
@@ -184,11 +181,11 @@ class JudgeLabeler:
             if len(texts) != len(prompts):
                 raise SearchError(f"the judge returned {len(texts)} answers for {len(prompts)} documents")
             for (ex, doc_text), answer in zip(chunk, texts, strict=True):
-                verdict = self.parse(answer)
+                verdict = parse_verdict(answer)
                 if verdict is None:
                     out.append((answer_in_text(doc_text, ex.golden_answers), "contains-fallback"))
                 else:
-                    out.append((verdict, self.name))
+                    out.append((verdict == 1.0, self.name))
         return out
 
 

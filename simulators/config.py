@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from zerosim.agent.rollout import RolloutConfig
 from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError, ranged
+from zerosim.core.judge import MAX_TOKENS
 from zerosim.core.models import DType
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
@@ -127,7 +128,7 @@ class JudgeConfig:
     # backend=openai: the server's base URL
     url: str = "http://127.0.0.1:8001"
     # tokens the judge may write (it must start with yes or no)
-    max_new_tokens: int = ranged(4, ">=1")
+    max_new_tokens: int = ranged(MAX_TOKENS, ">=1")
 
 
 @dataclass

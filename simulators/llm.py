@@ -48,6 +48,7 @@ from simulators.config import OnLeak, OnShort, SimulatorConfig
 from simulators.parsing import DOCUMENT_PARSERS
 from simulators.prompts import PRESETS, SimulatorPrompts, load_prompts
 from simulators.relevance import question_coverage
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.metrics import answer_in_text
 from zerosim.core.search import Document, SearchError, SearchRequest
 
@@ -152,8 +153,8 @@ class LLMSimulator:
         """A simulator whose model runs behind an OpenAI-compatible server.
 
         Keyword arguments that :class:`OpenAIBackend` takes (``tokenizer`` — object or name/path whose chat
-        template wraps the prompts —, timeouts, ``retries``, ``backoff``, ``max_concurrency``,
-        ``check_health``, ...) go to it; the others to :class:`LLMSimulator`.
+        template wraps the prompts —, ``retry`` — a :class:`~zerosim.core.http.retry.RetryPolicy` —,
+        ``max_concurrency``, ``check_health``, ...) go to it; the others to :class:`LLMSimulator`.
         """
         accepted = inspect.signature(OpenAIBackend).parameters
         backend_options = {key: kwargs.pop(key) for key in list(kwargs) if key in accepted}
@@ -397,10 +398,7 @@ def build_simulator(
             cfg.url,
             cfg.served_model or cfg.model,
             tokenizer=cfg.model if cfg.chat_template else None,
-            connect_timeout=cfg.connect_timeout,
-            read_timeout=cfg.read_timeout,
-            retries=cfg.retries,
-            backoff=cfg.backoff,
+            retry=RetryPolicy.of(cfg),
             max_concurrency=cfg.max_concurrency,
             **options,
         )

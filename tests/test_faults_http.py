@@ -32,6 +32,7 @@ from simulators import OpenAIBackend, TransformersBackend
 from simulators.openai_server import create_openai_app
 from zerosim.core.config import ConfigError
 from zerosim.core.http.client import HTTPConfig, HTTPSearchEngine
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.http.server import running_app, running_server
 from zerosim.core.search import Document, SearchError, SearchRequest
 from zerosim.engines import SearchConfig, build_search_engine, curriculum_adds_noise
@@ -53,7 +54,7 @@ CORPUS = [
 CONNECT, READ, RETRIES, BACKOFF = 0.3, 0.5, 2, 0.05
 BOUND = RETRIES * (CONNECT + READ) + BACKOFF
 SLACK = 0.5  # thread scheduling on a busy 2-core machine
-TIMING = {"connect_timeout": CONNECT, "read_timeout": READ, "retries": RETRIES, "backoff": BACKOFF}
+TIMING = RetryPolicy(connect_timeout=CONNECT, read_timeout=READ, retries=RETRIES, backoff=BACKOFF)
 TRICKLE_GAP = 0.2  # seconds between two bytes of a trickling answer (less than READ: no read ever times out)
 TRICKLE_CAP = 3.0  # a trickling server gives up after this, so a client without a deadline fails, not hangs
 
@@ -157,12 +158,12 @@ def dead_url() -> str:
 
 
 def _search(url: str) -> tuple[HTTPSearchEngine, Callable[[], object]]:
-    client = HTTPSearchEngine(url, check_health=False, **TIMING)
+    client = HTTPSearchEngine(url, check_health=False, retry=TIMING)
     return client, lambda: client.search([SearchRequest("capital of Peru"), SearchRequest("Kenya tea")], 2)
 
 
 def _simulate(url: str) -> tuple[OpenAIBackend, Callable[[], object]]:
-    client = OpenAIBackend(url, "sim", check_health=False, **TIMING)
+    client = OpenAIBackend(url, "sim", check_health=False, retry=TIMING)
     settings = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 1}
     return client, lambda: client.complete(["write about Peru", "write about Kenya"], **settings)
 
@@ -234,7 +235,7 @@ def test_a_trickling_health_check_is_cut_off_too():
     with fault_server(Fault(200, b'{"status": "ok"}', trickle="body")) as (url, hits):
         started = time.monotonic()
         with pytest.raises(SearchError, match=rf"{url}/health did not answer after 2 attempts: no complete"):
-            HTTPSearchEngine(url, **TIMING)
+            HTTPSearchEngine(url, retry=TIMING)
         assert time.monotonic() - started < BOUND + SLACK
     assert hits == ["GET /health"] * RETRIES
 
@@ -300,7 +301,7 @@ def test_simulator_server_answers_good_sampling_values(simulator_url):
 
 def test_simulator_client_refuses_non_finite_settings_before_sending():
     bad = ({"temperature": float("inf"), "top_p": 1.0}, {"temperature": 0.5, "top_p": float("nan")})
-    with OpenAIBackend(dead_url(), "sim", check_health=False, **TIMING) as client:
+    with OpenAIBackend(dead_url(), "sim", check_health=False, retry=TIMING) as client:
         for settings in bad:
             with pytest.raises(ValueError, match="must be a finite number"):
                 client.complete(["x"], max_new_tokens=4, seed=0, **settings)
@@ -415,7 +416,7 @@ NOISE_REQUESTS = [
 @pytest.mark.parametrize("mode", ["hard", "random"])
 def test_noise_over_a_served_index_is_the_in_process_noise(retriever_url, mode):
     """Noisy slots come back as corpus negatives marked noisy, the very documents the in-process wrapper gives."""
-    with HTTPSearchEngine(retriever_url, negatives=mode, negatives_depth=6, seed=3, **TIMING) as client:
+    with HTTPSearchEngine(retriever_url, negatives=mode, negatives_depth=6, seed=3, retry=TIMING) as client:
         assert client.honours_noise and client.server_info["noise"] == "negatives"
         got = client.search(NOISE_REQUESTS, 3)
     in_process = CorpusNegatives(BM25Retriever(CORPUS).index(), CORPUS, mode=mode, depth=6, seed=3)
@@ -434,7 +435,7 @@ def test_a_server_that_ignores_noise_is_an_error_not_a_noise_free_search():
     answer = json.dumps({"result": [[doc, doc, doc]]}).encode()
     with (
         fault_server(Fault(200, answer)) as (url, hits),
-        HTTPSearchEngine(url, check_health=False, **TIMING) as client,
+        HTTPSearchEngine(url, check_health=False, retry=TIMING) as client,
     ):
         plain = client.search([SearchRequest("capital of Peru")], 3)  # no noise asked: a plain answer is fine
         assert plain[0][0].noisy is None

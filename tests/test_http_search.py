@@ -7,12 +7,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from eval.bm25 import BM25Retriever
 from zerosim.core.http.client import HTTPSearchEngine
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.http.server import running_server
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
@@ -45,7 +47,7 @@ class FakeEngine:
         ]
 
 
-FAST = {"retries": 2, "backoff": 0.05, "connect_timeout": 0.5, "read_timeout": 2.0}
+FAST = RetryPolicy(retries=2, backoff=0.05, connect_timeout=0.5, read_timeout=2.0)
 
 
 # A stub HTTP server: reply(method, path, body) -> (status, body bytes, seconds to wait before answering).
@@ -137,7 +139,7 @@ def test_same_documents_as_the_engine_in_process(bm25_url):
         SearchRequest("Kenya tea"),
         SearchRequest("volcanic islands"),
     ]
-    with HTTPSearchEngine(bm25_url, **FAST) as client:
+    with HTTPSearchEngine(bm25_url, retry=FAST) as client:
         assert isinstance(client, SearchEngine)
         assert client.server_info["engine"] == "BM25Retriever"
         got = client.search(requests, 3)
@@ -149,14 +151,14 @@ def test_same_documents_as_the_engine_in_process(bm25_url):
 
 @pytest.mark.parametrize("suffix", ["", "/", "/retrieve", "/retrieve/"])
 def test_url_may_be_the_base_or_the_retrieve_endpoint(bm25_url, suffix):
-    with HTTPSearchEngine(bm25_url + suffix, **FAST) as client:
+    with HTTPSearchEngine(bm25_url + suffix, retry=FAST) as client:
         assert client.retrieve_url == f"{bm25_url}/retrieve"
         assert [d.id for d in client.search([SearchRequest("capital of Chile")], 1)[0]] == ["chile-0"]
 
 
 def test_one_post_per_search_carrying_every_query(fake):
     engine, url = fake
-    with HTTPSearchEngine(url, **FAST) as client:
+    with HTTPSearchEngine(url, retry=FAST) as client:
         got = client.search([SearchRequest(q) for q in "abcd"], 2)
         assert client.search([], 2) == []  # nothing to ask: no POST
     assert len(engine.calls) == 1 and [r.query for r in engine.calls[0][0]] == list("abcd")
@@ -172,7 +174,7 @@ def test_training_fields_reach_the_engine_through_the_server(fake):
         SearchRequest("largest lake"),
         SearchRequest("andes", "Which range?", (), None),
     ]
-    with HTTPSearchEngine(url, **FAST) as client:
+    with HTTPSearchEngine(url, retry=FAST) as client:
         got = client.search(requests, 2)
     ((seen, k),) = engine.calls
     assert seen == requests and k == 2
@@ -182,7 +184,7 @@ def test_training_fields_reach_the_engine_through_the_server(fake):
 
 def test_training_fields_can_be_withheld(fake):
     engine, url = fake
-    with HTTPSearchEngine(url, send_training_fields=False, **FAST) as client:
+    with HTTPSearchEngine(url, send_training_fields=False, retry=FAST) as client:
         client.search([SearchRequest("q", "question?", ("a",), (True,))], 1)
     ((seen, _),) = engine.calls
     assert seen == [SearchRequest("q")]
@@ -191,7 +193,7 @@ def test_training_fields_can_be_withheld(fake):
 def test_engine_search_error_becomes_search_error_after_retries(fake):
     engine, url = fake
     engine.fail = SearchError("simulator backend is down")
-    with HTTPSearchEngine(url, **FAST) as client, pytest.raises(SearchError) as err:
+    with HTTPSearchEngine(url, retry=FAST) as client, pytest.raises(SearchError) as err:
         client.search([SearchRequest("a")], 1)
     assert len(engine.calls) == 2  # retried once, then gave up
     message = str(err.value)
@@ -202,7 +204,10 @@ def test_engine_search_error_becomes_search_error_after_retries(fake):
 def test_a_rejected_request_is_not_retried(fake):
     engine, url = fake
     started = time.perf_counter()
-    with HTTPSearchEngine(url, retries=3, backoff=5.0) as client, pytest.raises(SearchError) as err:
+    with (
+        HTTPSearchEngine(url, retry=RetryPolicy(retries=3, backoff=5.0)) as client,
+        pytest.raises(SearchError) as err,
+    ):
         client.search([SearchRequest("a")], 6)  # the server takes topk <= 5
     assert time.perf_counter() - started < 2.0  # no backoff sleep happened
     assert "HTTP 422" in str(err.value) and "topk" in str(err.value) and "not retried" in str(err.value)
@@ -216,7 +221,7 @@ def test_a_500_then_an_answer_succeeds():
     def reply(method: str, path: str, body: bytes) -> tuple[int, bytes, float]:
         return failures.pop() if failures else good(method, path, body)
 
-    with stub_server(reply) as (url, hits), HTTPSearchEngine(url, check_health=False, **FAST) as client:
+    with stub_server(reply) as (url, hits), HTTPSearchEngine(url, check_health=False, retry=FAST) as client:
         assert client.search([SearchRequest("q")], 1) == [[Document("1", "T", "x", 1.0)]]
     assert hits == ["POST /retrieve", "POST /retrieve"]
 
@@ -232,7 +237,7 @@ def test_plain_search_r1_server_without_health_warns_and_works():
     ]
     with stub_server(search_r1_reply(result)) as (url, hits):
         with pytest.warns(UserWarning, match="no /health"):
-            client = HTTPSearchEngine(f"{url}/retrieve", **FAST)
+            client = HTTPSearchEngine(f"{url}/retrieve", retry=FAST)
         with client:
             assert client.server_info is None
             got = client.search([SearchRequest("lima"), SearchRequest("tokyo")], 1)
@@ -244,7 +249,7 @@ def test_plain_search_r1_server_without_health_warns_and_works():
 
 def test_plain_documents_without_scores_are_accepted():
     answer = search_r1_reply([[{"id": "a", "contents": "A\ntext"}]])
-    with stub_server(answer) as (url, _), HTTPSearchEngine(url, check_health=False, **FAST) as client:
+    with stub_server(answer) as (url, _), HTTPSearchEngine(url, check_health=False, retry=FAST) as client:
         assert client.search([SearchRequest("q")], 3) == [[Document("a", "A", "text")]]
 
 
@@ -256,7 +261,7 @@ def test_plain_requests_stay_plain_search_r1_requests():
         bodies.append(json.loads(body))
         return answer(method, path, body)
 
-    with stub_server(reply) as (url, _), HTTPSearchEngine(url, check_health=False, **FAST) as client:
+    with stub_server(reply) as (url, _), HTTPSearchEngine(url, check_health=False, retry=FAST) as client:
         client.search([SearchRequest("q")], 3)
     assert bodies == [{"queries": ["q"], "topk": 3, "return_scores": True}]
 
@@ -266,13 +271,13 @@ def test_plain_requests_stay_plain_search_r1_requests():
 
 def test_dead_port_fails_after_the_configured_retries_in_bounded_time():
     url = dead_url()
-    client = HTTPSearchEngine(url, check_health=False, **FAST)
+    client = HTTPSearchEngine(url, check_health=False, retry=FAST)
     started = time.perf_counter()
     with client, pytest.raises(SearchError) as err:
         client.search([SearchRequest("q")], 3)
     elapsed = time.perf_counter() - started
     # 2 attempts, each at most connect_timeout, one backoff sleep between them
-    assert elapsed < FAST["retries"] * FAST["connect_timeout"] + FAST["backoff"] + 0.5
+    assert elapsed < FAST.retries * FAST.connect_timeout + FAST.backoff + 0.5
     assert str(err.value) == f"search server {url}/retrieve did not answer after 2 attempts: " + (
         "cannot connect (connection refused)"
     )
@@ -281,7 +286,7 @@ def test_dead_port_fails_after_the_configured_retries_in_bounded_time():
 def test_dead_port_at_start_fails_the_health_check():
     url = dead_url()
     with pytest.raises(SearchError, match=rf"search server {url}/health did not answer after 2 attempts"):
-        HTTPSearchEngine(url, **FAST)
+        HTTPSearchEngine(url, retry=FAST)
 
 
 @pytest.mark.parametrize(
@@ -309,45 +314,53 @@ def test_dead_port_at_start_fails_the_health_check():
 )
 def test_garbage_answers_fail_after_retries(answer, problem):
     with stub_server(lambda m, p, b: (200, answer, 0.0)) as (url, hits):
-        with HTTPSearchEngine(url, check_health=False, **FAST) as client, pytest.raises(SearchError) as err:
+        with (
+            HTTPSearchEngine(url, check_health=False, retry=FAST) as client,
+            pytest.raises(SearchError) as err,
+        ):
             client.search([SearchRequest("q1"), SearchRequest("q2")], 2)
         assert hits == ["POST /retrieve"] * 2
     assert "did not answer after 2 attempts" in str(err.value) and problem in str(err.value)
 
 
 def test_slow_server_times_out_after_retries():
-    config = {**FAST, "read_timeout": 0.2}
+    config = replace(FAST, read_timeout=0.2)
     with stub_server(lambda m, p, b: (200, b'{"result": [[]]}', 3.0)) as (url, hits):
         started = time.perf_counter()
-        with HTTPSearchEngine(url, check_health=False, **config) as client, pytest.raises(SearchError) as err:
+        with (
+            HTTPSearchEngine(url, check_health=False, retry=config) as client,
+            pytest.raises(SearchError) as err,
+        ):
             client.search([SearchRequest("q")], 1)
         elapsed = time.perf_counter() - started
         assert len(hits) == 2
-    assert elapsed < 2 * config["read_timeout"] + config["backoff"] + 1.0
+    assert elapsed < 2 * config.read_timeout + config.backoff + 1.0
     assert "after 2 attempts: no answer within read_timeout=0.2s (timed out)" in str(err.value)
 
 
 def test_backoff_doubles_and_is_capped(monkeypatch):
     sleeps: list[float] = []
     monkeypatch.setattr("zerosim.core.http.retry.time.sleep", sleeps.append)
-    client = HTTPSearchEngine(dead_url(), retries=6, backoff=0.5, max_backoff=3.0, check_health=False)
+    client = HTTPSearchEngine(
+        dead_url(), retry=RetryPolicy(retries=6, backoff=0.5, max_backoff=3.0), check_health=False
+    )
     with client, pytest.raises(SearchError, match="after 6 attempts"):
         client.search([SearchRequest("q")], 1)
     assert sleeps == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "words"),
+    ("url", "retry", "words"),
     [
-        ({"url": "localhost:8000"}, "http://HOST:PORT"),
-        ({"retries": 0}, "retries=0"),
-        ({"read_timeout": 0}, "timeouts must be positive"),
-        ({"backoff": -1}, "must not be negative"),
+        ("localhost:8000", {}, "http://HOST:PORT"),
+        ("http://127.0.0.1:9", {"retries": 0}, "retries=0"),
+        ("http://127.0.0.1:9", {"read_timeout": 0}, "timeouts must be positive"),
+        ("http://127.0.0.1:9", {"backoff": -1}, "must not be negative"),
     ],
 )
-def test_bad_settings_are_refused(kwargs, words):
+def test_bad_settings_are_refused(url, retry, words):
     with pytest.raises(ValueError, match=words):
-        HTTPSearchEngine(**{"url": "http://127.0.0.1:9", "check_health": False, **kwargs})
+        HTTPSearchEngine(url, retry=RetryPolicy(**retry), check_health=False)
 
 
 @pytest.mark.parametrize("limit", [1, 3])
@@ -368,7 +381,7 @@ def test_each_process_keeps_to_its_connection_limit(limit):
         return 200, json.dumps({"result": [[doc]]}).encode(), 0.0
 
     with stub_server(reply) as (url, _):
-        engine = HTTPSearchEngine(url, max_connections=limit, **{**FAST, "read_timeout": 10.0})
+        engine = HTTPSearchEngine(url, max_connections=limit, retry=replace(FAST, read_timeout=10.0))
         try:
             with ThreadPoolExecutor(6) as pool:
                 results = list(pool.map(lambda i: engine.search([SearchRequest(f"q{i}")], 1), range(6)))

@@ -18,12 +18,13 @@ import pytest
 
 from zerosim.agent.rewards import make_reward_func
 from zerosim.core.config import ConfigError
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.http.server import running_app
 from zerosim.core.judge import JudgeError, LLMJudge, parse_verdict
 from zerosim.training.config import load_train_config
 
-FAST = {"connect_timeout": 0.3, "read_timeout": 0.5, "retries": 2, "backoff": 0.05}
-BOUND = FAST["retries"] * (FAST["connect_timeout"] + FAST["read_timeout"]) + FAST["backoff"]
+FAST = RetryPolicy(connect_timeout=0.3, read_timeout=0.5, retries=2, backoff=0.05)
+BOUND = FAST.retries * FAST.attempt_timeout + FAST.backoff
 
 
 def _verdict(prompt: str) -> str:
@@ -89,7 +90,7 @@ def test_parse_verdict_reads_the_first_word():
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_scores_follow_the_judge_and_repeats_are_cached(fake_judge, api):
     url, requests = fake_judge
-    judge = LLMJudge(url, "judge", api=api, **FAST)
+    judge = LLMJudge(url, "judge", api=api, retry=FAST)
     judge.check()
     reward = make_reward_func("judge", judge=judge)
     assert reward.__name__ == "judge"
@@ -118,7 +119,7 @@ def test_weights_combine_the_judge_with_f1_and_the_training_wrapper_logs_it(fake
     from zerosim.training.recipe import build_dataset, instrumented
 
     url, _ = fake_judge
-    judge = LLMJudge(url, "judge", **FAST)
+    judge = LLMJudge(url, "judge", retry=FAST)
     reward = instrumented(object(), make_reward_func("em", weights={"judge": 0.5, "f1": 0.5}, judge=judge))
     metrics: list[tuple[str, float]] = []
     # "Lima Peru" vs "Lima": judge yes (1), f1 = 2/3; "Cusco": judge no, f1 0
@@ -139,7 +140,7 @@ def test_weights_combine_the_judge_with_f1_and_the_training_wrapper_logs_it(fake
 
 def test_garbage_answers_raise_after_the_retries_naming_the_url(fake_judge):
     url, requests = fake_judge
-    judge = LLMJudge(url, "judge", api="completions", **FAST)
+    judge = LLMJudge(url, "judge", api="completions", retry=FAST)
     reward = make_reward_func("judge", judge=judge)
     before = len(requests)
     with pytest.raises(JudgeError, match=rf"{re.escape(url)}.*2 attempts.*neither yes nor no.*Perhaps"):
@@ -148,7 +149,7 @@ def test_garbage_answers_raise_after_the_retries_naming_the_url(fake_judge):
     assert requests[-1]["prompt"] == [requests[-2]["prompt"][1]]
     assert ("Capital of Peru?", "garbage", ("Lima",)) not in judge.cache
     with pytest.raises(JudgeError, match="serves judge, not reward.judge.model='other'"):
-        LLMJudge(url, "other", **FAST).check()
+        LLMJudge(url, "other", retry=FAST).check()
 
 
 def test_a_down_server_raises_within_the_bounded_time():
@@ -156,7 +157,7 @@ def test_a_down_server_raises_within_the_bounded_time():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    judge = LLMJudge(url, "judge", **FAST)
+    judge = LLMJudge(url, "judge", retry=FAST)
     started = time.monotonic()
     with pytest.raises(JudgeError, match=rf"judge server {re.escape(url)}.*2 attempts.*connection refused"):
         judge.score(["q"], ["a"], [["a"]])
@@ -176,7 +177,9 @@ def test_the_real_tiny_model_server_goes_through_the_client_and_its_garbage_is_a
         load_causal_lm(str(tiny_model_dir), "float32"), tokenizer, apply_chat_template=False
     )
     with running_openai_server(backend, model_name="tiny") as url:
-        judge = LLMJudge(url, "tiny", api="completions", connect_timeout=2, read_timeout=30, retries=1)
+        judge = LLMJudge(
+            url, "tiny", api="completions", retry=RetryPolicy(connect_timeout=2, read_timeout=30, retries=1)
+        )
         judge.check()  # up, and serving "tiny"
         with pytest.raises(JudgeError, match=rf"{re.escape(url)}/v1/completions.*neither yes nor no"):
             judge.score(["Capital of Peru?"], ["Lima"], [["Lima"]])

@@ -20,6 +20,7 @@ from simulators.openai_server import (
     start_simulator_server,
     vllm_command,
 )
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.http.server import running_app
 from zerosim.core.search import SearchError, SearchRequest
 
@@ -79,9 +80,9 @@ def fake_server(fake):
     return fake
 
 
-def backend(url: str, **kwargs) -> OpenAIBackend:
-    options = {"connect_timeout": 0.5, "read_timeout": 0.3, "retries": 3, "backoff": 0.01}
-    return OpenAIBackend(url, "fake", **{**options, **kwargs})
+def backend(url: str, retries: int = 3, **kwargs) -> OpenAIBackend:
+    retry = RetryPolicy(connect_timeout=0.5, read_timeout=0.3, retries=retries, backoff=0.01)
+    return OpenAIBackend(url, "fake", retry=retry, **kwargs)
 
 
 def test_all_prompts_of_a_call_go_in_one_request(fake_server):
@@ -166,7 +167,7 @@ def test_health_falls_back_to_the_models_list():
 
 def test_bad_settings_are_refused_up_front():
     with pytest.raises(ValueError, match="retries=0"):
-        OpenAIBackend("http://127.0.0.1:1", "m", retries=0, check_health=False)
+        OpenAIBackend("http://127.0.0.1:1", "m", retry=RetryPolicy(retries=0), check_health=False)
     with pytest.raises(ValueError, match="HOST:PORT"):
         OpenAIBackend("127.0.0.1:1", "m", check_health=False)
 
@@ -253,7 +254,7 @@ def test_in_process_server_api(tiny_server):
         assert response.status_code == 400, bad
         assert response.json()["error"]["message"]
     with (
-        OpenAIBackend(tiny_server, "gpt-9", retries=3, backoff=0.01) as client,
+        OpenAIBackend(tiny_server, "gpt-9", retry=RetryPolicy(retries=3, backoff=0.01)) as client,
         pytest.raises(SearchError, match="HTTP 404, not retried"),
     ):
         client.complete(["x"], **SETTINGS)

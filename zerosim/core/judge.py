@@ -24,10 +24,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from zerosim.core.config import ranged
-from zerosim.core.http.retry import Retryable, RetryingClient
+from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
 from zerosim.core.search import SearchError
 
 
@@ -74,8 +72,9 @@ Predicted answer: {answer}
 Does the predicted answer match any gold answer? Reply with one word: yes or no.
 Reply:"""
 
+DEFAULT_RETRY = RetryPolicy()  # LLMJudge's when none is given (read_timeout 60 s)
 MAX_TOKENS = 4  # "yes" / "no" and a little room (a leading space, punctuation)
-_FIRST_WORD = re.compile(r"[a-z]+")
+_FIRST_WORD = re.compile(r"\W*([a-z]+)")  # after any quotes, brackets, bullets, markdown, spaces
 
 
 def judge_prompt(question: str, answer: str, golds: Sequence[str]) -> str:
@@ -84,11 +83,17 @@ def judge_prompt(question: str, answer: str, golds: Sequence[str]) -> str:
 
 
 def parse_verdict(text: str) -> float | None:
-    """1.0 for an answer whose first word is ``yes``, 0.0 for ``no``, None for anything else."""
-    word = _FIRST_WORD.match(text.strip().lower().lstrip("\"'*`([ "))
+    """1.0 for an answer whose first word is ``yes``, 0.0 for ``no``, None for anything else.
+
+    The one reading of a yes/no judge's answer (this reward judge's, and the document labeller's of
+    ``zerosim simulator collect``). Case does not matter, nor what comes before the first word (``**Yes**``,
+    ``- no``, ``"yes"``); the first word is its letters a-z (``Yes.``, ``no,`` count; ``yesterday``, ``nope``
+    do not).
+    """
+    word = _FIRST_WORD.match(text.lower())
     if word is None:
         return None
-    return {"yes": 1.0, "no": 0.0}.get(word.group(0))
+    return {"yes": 1.0, "no": 0.0}.get(word.group(1))
 
 
 class LLMJudge:
@@ -105,11 +110,7 @@ class LLMJudge:
         model: str = "judge",
         *,
         api: JudgeAPI | str = JudgeAPI.chat,
-        connect_timeout: float = 2.0,
-        read_timeout: float = 60.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         max_concurrency: int = 8,
     ):
         parts = urlsplit(url or "")
@@ -127,15 +128,7 @@ class LLMJudge:
         self.cache: dict[tuple[str, str, tuple[str, ...]], float] = {}
         self.stats = self._zero()
         self._lock = threading.Lock()
-        self._http = RetryingClient(
-            "judge server",
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
-        )
+        self._http = RetryingClient("judge server", retry, max_connections=max_concurrency)
 
     @classmethod
     def from_config(cls, cfg: JudgeConfig) -> LLMJudge:
@@ -143,10 +136,7 @@ class LLMJudge:
             cfg.url or "",
             cfg.model,
             api=cfg.api,
-            connect_timeout=cfg.connect_timeout,
-            read_timeout=cfg.read_timeout,
-            retries=cfg.retries,
-            backoff=cfg.backoff,
+            retry=RetryPolicy.of(cfg),
             max_concurrency=cfg.max_concurrency,
         )
 
@@ -205,7 +195,7 @@ class LLMJudge:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"LLMJudge({self.endpoint!r}, model={self.model!r}, retries={self._http.retries})"
+        return f"LLMJudge({self.endpoint!r}, model={self.model!r}, retries={self._http.retry.retries})"
 
     # -- asking the server ----------------------------------------------------------------------------
 

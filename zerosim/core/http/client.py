@@ -25,10 +25,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from zerosim.core.config import ranged
-from zerosim.core.http.retry import Retryable, RetryingClient, check_settings
+from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
 from zerosim.core.search import Document, SearchError, SearchRequest
 
 logger = logging.getLogger(__name__)
@@ -56,17 +54,18 @@ class HTTPConfig:
     max_connections: int = ranged(2, ">=1")
 
 
+DEFAULT_RETRY = RetryPolicy(read_timeout=30.0)  # HTTPSearchEngine's when none is given
+
+
 class HTTPSearchEngine:
     """Search through a ``POST /retrieve`` server; implements :class:`zerosim.core.search.SearchEngine`.
 
     Args:
         url: the server's base URL (``http://host:8000``) or its retrieve URL (``http://host:8000/retrieve``).
-        connect_timeout: seconds to wait for a TCP connection.
-        read_timeout: seconds to wait for the answer once the request is sent (a simulator may need many).
-        retries: attempts in all for one search (1 = no retry). Connection errors, timeouts, 5xx answers,
-            invalid JSON and malformed answers are retried; a 4xx answer (a bad request) is not.
-        backoff: seconds slept before the second attempt; doubled before each later one.
-        max_backoff: upper bound on one sleep.
+        retry: timeouts, attempts and backoff (:class:`~zerosim.core.http.retry.RetryPolicy`; ``read_timeout``
+            30 s by default, a simulator behind the server may need more). ``retries`` counts the attempts of
+            one search: connection errors, timeouts, 5xx answers, invalid JSON and malformed answers are
+            retried; a 4xx answer (a bad request) is not.
         check_health: ask ``GET /health`` at construction. A connection failure there raises
             :class:`SearchError`; a 404 (a plain Search-R1 server has no ``/health``) only warns.
         send_training_fields: send each request's ``question``, ``answers`` and ``noise`` along (the server's
@@ -84,11 +83,7 @@ class HTTPSearchEngine:
         self,
         url: str,
         *,
-        connect_timeout: float = 2.0,
-        read_timeout: float = 30.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
         check_health: bool = True,
         send_training_fields: bool = True,
         max_connections: int = 2,
@@ -99,7 +94,6 @@ class HTTPSearchEngine:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"search server url {url!r} must look like http://HOST:PORT[/retrieve]")
-        check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
         if negatives not in tuple(Negatives):
             raise ValueError(f"negatives={negatives!r} is not one of {', '.join(Negatives)}")
         if negatives_depth < 1:
@@ -110,25 +104,12 @@ class HTTPSearchEngine:
         self.base_url = base
         self.retrieve_url = f"{base}/retrieve"
         self.health_url = f"{base}/health"
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.retry = retry
         self.send_training_fields = send_training_fields
         self.negatives = negatives
         self.negatives_depth = negatives_depth
         self.seed = seed
-        self._http = RetryingClient(
-            "search server",
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            log=logger,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._http = RetryingClient("search server", retry, max_connections=max_connections, log=logger)
         self.server_info: dict[str, Any] | None = None  # the /health answer, when the server has one
         if check_health:
             try:
@@ -191,7 +172,8 @@ class HTTPSearchEngine:
         self.close()
 
     def __repr__(self) -> str:
-        return f"HTTPSearchEngine({self.retrieve_url!r}, retries={self.retries}, read_timeout={self.read_timeout})"
+        retry = self.retry
+        return f"HTTPSearchEngine({self.retrieve_url!r}, retries={retry.retries}, read_timeout={retry.read_timeout})"
 
     # -- one attempt ----------------------------------------------------------------------------------
 

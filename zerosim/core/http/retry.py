@@ -1,10 +1,12 @@
 """Bounded-retry HTTP plumbing shared by the HTTP clients (:mod:`zerosim.core.http.client`, ``simulators.backends``).
 
-A :class:`RetryingClient` owns one ``httpx.Client``. An attempt raises :class:`Retryable` when another attempt
-may fix what went wrong (connection errors, timeouts, 5xx answers, invalid JSON, malformed answers); a 4xx
-answer raises :class:`~zerosim.core.search.SearchError` at once. :meth:`RetryingClient.with_retries` runs an attempt
-up to ``retries`` times with capped exponential backoff, then raises :class:`~zerosim.core.search.SearchError`
-naming the server (its ``label``), the URL, the attempts and the last problem.
+A :class:`RetryingClient` owns one ``httpx.Client`` and runs by a :class:`RetryPolicy` (timeouts, attempts and
+backoff, which every client here takes as one object and a config section gives through :meth:`RetryPolicy.of`).
+An attempt raises :class:`Retryable` when another attempt may fix what went wrong (connection errors,
+timeouts, 5xx answers, invalid JSON, malformed answers); a 4xx answer raises
+:class:`~zerosim.core.search.SearchError` at once. :meth:`RetryingClient.with_retries` runs an attempt up to
+``retries`` times with capped exponential backoff, then raises :class:`~zerosim.core.search.SearchError` naming
+the server (its ``label``), the URL, the attempts and the last problem.
 
 Each attempt has a wall-clock deadline of ``connect_timeout + read_timeout``. httpx's own timeouts bound
 each socket operation, so a server trickling one byte at a time would never trip them; here every socket
@@ -19,6 +21,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpcore
@@ -154,18 +157,59 @@ def _deadline_transport(limits: httpx.Limits | None) -> httpx.HTTPTransport:
     return transport
 
 
-def check_settings(
-    connect_timeout: float, read_timeout: float, retries: int, backoff: float, max_backoff: float
-) -> None:
-    """Refuse settings :class:`RetryingClient` cannot work with (``ValueError`` naming them)."""
-    if retries < 1:
-        raise ValueError(f"retries={retries} must be at least 1 (it counts attempts in all)")
-    if connect_timeout <= 0 or read_timeout <= 0:
-        raise ValueError(
-            f"timeouts must be positive (connect_timeout={connect_timeout}, read_timeout={read_timeout})"
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a client waits for a server and how often it tries: what :class:`RetryingClient` runs by.
+
+    Args:
+        connect_timeout: seconds to wait for a TCP connection (also the write timeout: sending a request
+            body is quick).
+        read_timeout: seconds to wait for the answer once the request is sent. An attempt as a whole —
+            waiting for a free connection, connecting, sending, reading the whole answer — ends by its
+            deadline, :attr:`attempt_timeout` (``connect_timeout + read_timeout``) after it started, however
+            the server paces its bytes.
+        retries: attempts in all (1 = no retry).
+        backoff: seconds slept before the second attempt; doubled before each later one.
+        max_backoff: upper bound on one sleep.
+
+    Settings no client can work with raise ``ValueError`` naming them, at construction.
+    """
+
+    connect_timeout: float = 2.0
+    read_timeout: float = 60.0
+    retries: int = 3
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 1:
+            raise ValueError(f"retries={self.retries} must be at least 1 (it counts attempts in all)")
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise ValueError(
+                f"timeouts must be positive (connect_timeout={self.connect_timeout}, "
+                f"read_timeout={self.read_timeout})"
+            )
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError(
+                f"backoff={self.backoff} and max_backoff={self.max_backoff} must not be negative"
+            )
+
+    @classmethod
+    def of(cls, settings: Any) -> RetryPolicy:
+        """The policy a config section's ``connect_timeout``, ``read_timeout``, ``retries`` and ``backoff`` keys
+        give (``search.http``, ``search.simulator``, ``reward.judge``); a section without ``backoff``
+        (``search.http``) gets the default."""
+        return cls(
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            retries=settings.retries,
+            backoff=getattr(settings, "backoff", cls.backoff),
         )
-    if backoff < 0 or max_backoff < 0:
-        raise ValueError(f"backoff={backoff} and max_backoff={max_backoff} must not be negative")
+
+    @property
+    def attempt_timeout(self) -> float:
+        """The wall-clock deadline of one attempt: ``connect_timeout + read_timeout``."""
+        return self.connect_timeout + self.read_timeout
 
 
 class RetryingClient:
@@ -173,45 +217,36 @@ class RetryingClient:
 
     Args:
         label: what the server is, as error messages name it (``"search server"``, ``"simulator server"``).
-        connect_timeout: seconds to wait for a TCP connection (also the write timeout: sending a request
-            body is quick).
-        read_timeout: seconds to wait for the answer once the request is sent. An attempt as a whole —
-            waiting for a free connection when ``limits`` are reached, connecting, sending, reading the
-            whole answer — ends by its deadline, ``connect_timeout + read_timeout`` after it started,
-            however the server paces its bytes.
-        retries: attempts in all (1 = no retry).
-        backoff: seconds slept before the second attempt; doubled before each later one.
-        max_backoff: upper bound on one sleep.
+        retry: the timeouts, attempts and backoff sleeps (:class:`RetryPolicy`).
         on_retry: called once before each retry (after a failed attempt, before the sleep).
-        limits: connection limits for the ``httpx.Client`` (its defaults when ``None``).
+        max_connections: most connections the ``httpx.Client`` opens (and keeps alive); httpx's default
+            limits when ``None``. Waiting for a free one counts toward an attempt's deadline.
         log: the logger failed attempts are reported to (this module's when ``None``).
     """
 
     def __init__(
         self,
         label: str,
+        retry: RetryPolicy,
         *,
-        connect_timeout: float,
-        read_timeout: float,
-        retries: int,
-        backoff: float,
-        max_backoff: float,
         on_retry: Callable[[], None] | None = None,
-        limits: httpx.Limits | None = None,
+        max_connections: int | None = None,
         log: logging.Logger | None = None,
     ):
-        check_settings(connect_timeout, read_timeout, retries, backoff, max_backoff)
         self.label = label
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.retry = retry
         self.on_retry = on_retry
         self.log = log or logger
-        self.attempt_timeout = connect_timeout + read_timeout  # the wall-clock deadline of one attempt
         timeout = httpx.Timeout(
-            connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=self.attempt_timeout
+            connect=retry.connect_timeout,
+            read=retry.read_timeout,
+            write=retry.connect_timeout,
+            pool=retry.attempt_timeout,
+        )
+        limits = (
+            None
+            if max_connections is None
+            else httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         )
         # an explicit transport: HTTP(S)_PROXY variables are not used (the servers are on the job's network)
         self.client = httpx.Client(timeout=timeout, transport=_deadline_transport(limits))
@@ -221,15 +256,16 @@ class RetryingClient:
 
         A transport failure (connect, timeout, deadline, reset, ...) raises :class:`Retryable`.
         """
-        attempt = _Attempt(time.monotonic() + self.attempt_timeout)
+        retry = self.retry
+        attempt = _Attempt(time.monotonic() + retry.attempt_timeout)
         token = _ATTEMPT.set(attempt)
         try:
             return self.client.request(method, url, **kwargs)
         except httpx.TimeoutException as exc:
             if attempt.expired:
                 raise Retryable(
-                    f"no complete answer within {self.attempt_timeout:g}s, the deadline of one attempt "
-                    f"(connect_timeout={self.connect_timeout}s + read_timeout={self.read_timeout}s)"
+                    f"no complete answer within {retry.attempt_timeout:g}s, the deadline of one attempt "
+                    f"(connect_timeout={retry.connect_timeout}s + read_timeout={retry.read_timeout}s)"
                 ) from exc
             raise self._timeout(exc) from exc
         except httpx.ConnectError as exc:
@@ -241,9 +277,9 @@ class RetryingClient:
 
     def _timeout(self, exc: httpx.TimeoutException) -> Retryable:
         if isinstance(exc, httpx.ConnectTimeout):
-            return Retryable(f"connect timed out after connect_timeout={self.connect_timeout}s")
+            return Retryable(f"connect timed out after connect_timeout={self.retry.connect_timeout}s")
         if isinstance(exc, httpx.ReadTimeout):
-            return Retryable(f"no answer within read_timeout={self.read_timeout}s (timed out)")
+            return Retryable(f"no answer within read_timeout={self.retry.read_timeout}s (timed out)")
         return Retryable(f"timed out ({type(exc).__name__})")
 
     def raise_for_status(self, response: httpx.Response, url: str) -> None:
@@ -267,20 +303,21 @@ class RetryingClient:
             raise Retryable(f"invalid JSON answer ({exc}): {response.text[:200]!r}") from exc
 
     def with_retries(self, url: str, attempt: Callable[[], T]) -> T:
-        """Run ``attempt`` up to ``self.retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
+        """Run ``attempt`` up to ``retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
+        retry = self.retry
         problem = ""
-        for i in range(self.retries):
+        for i in range(retry.retries):
             if i:
                 if self.on_retry is not None:
                     self.on_retry()
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (i - 1)))
+                time.sleep(min(retry.max_backoff, retry.backoff * 2 ** (i - 1)))
             try:
                 return attempt()
             except Retryable as exc:
                 problem = str(exc)
-                self.log.warning("%s %s, attempt %d/%d: %s", self.label, url, i + 1, self.retries, problem)
-        plural = "attempt" if self.retries == 1 else "attempts"
-        raise SearchError(f"{self.label} {url} did not answer after {self.retries} {plural}: {problem}")
+                self.log.warning("%s %s, attempt %d/%d: %s", self.label, url, i + 1, retry.retries, problem)
+        plural = "attempt" if retry.retries == 1 else "attempts"
+        raise SearchError(f"{self.label} {url} did not answer after {retry.retries} {plural}: {problem}")
 
     def close(self) -> None:
         self.client.close()
