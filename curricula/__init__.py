@@ -2,7 +2,7 @@
 schedules and their draws, corpus negatives over real retrievers), and, under ``search.engine=mixed``, which
 engine answers."""
 
-from curricula.mixed import MixedSearchEngine, find_mixed, share_schedule
+from curricula.mixed import MixedSearchEngine, find_mixed, mixed_share, share_schedule
 from curricula.noise import CurriculumNoise, draw_noise, search_source, trajectory_noise
 from curricula.schedules import (
     AdaptiveSchedule,
@@ -13,12 +13,15 @@ from curricula.schedules import (
     NoiseSchedule,
     StepSchedule,
     build_schedule,
+    curriculum_schedule,
+    describe_curve,
 )
 
 __all__ = [
     "CurriculumNoise",
     "MixedSearchEngine",
     "find_mixed",
+    "mixed_share",
     "share_schedule",
     "AdaptiveSchedule",
     "ConstantSchedule",
@@ -28,6 +31,8 @@ __all__ = [
     "NoiseSchedule",
     "StepSchedule",
     "build_schedule",
+    "curriculum_schedule",
+    "describe_curve",
     "draw_noise",
     "search_source",
     "trajectory_noise",

@@ -69,6 +69,10 @@ class CurriculumConfig:
     # adaptive: change of p per decision (bounded by p_start and p_end)
     adaptive_delta: float = ranged(0.05, "(0,1]")
 
+    def steps(self, max_steps: int) -> int:
+        """The steps over which noise rises: ``total_steps``, else the run's ``max_steps``."""
+        return self.total_steps or max_steps
+
     def validate(self, prefix: str) -> None:
         """The adaptive schedule's thresholds in order."""
         if self.schedule == "adaptive" and self.adaptive_lower_below >= self.adaptive_raise_above:
@@ -90,3 +94,7 @@ class MixedConfig:
     schedule: ShareSchedule = ShareSchedule.linear
     # engine=mixed, real_share_end set: steps over which the share moves; None = trainer.max_steps
     total_steps: int | None = ranged(None, ">=1", "null = trainer.max_steps")
+
+    def steps(self, max_steps: int | None) -> int:
+        """The steps over which the share moves: ``total_steps``, else the run's ``max_steps`` (at least 1)."""
+        return self.total_steps or max_steps or 1

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from curricula.config import ShareSchedule
+from curricula.config import MixedConfig, ShareSchedule
 from curricula.noise import search_source
 from curricula.schedules import ConstantSchedule, NoiseSchedule, build_schedule
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
@@ -34,6 +34,12 @@ def share_schedule(
     if schedule not in tuple(ShareSchedule):
         raise ValueError(f"unknown real-share schedule {schedule!r}; valid: {', '.join(ShareSchedule)}")
     return build_schedule(schedule, p_start=real_share, p_end=real_share_end, total_steps=max(1, total_steps))
+
+
+def mixed_share(m: MixedConfig, max_steps: int | None) -> NoiseSchedule:
+    """The real share per step ``search.mixed.*`` describes, over :meth:`MixedConfig.steps` (``max_steps``: the
+    run's ``trainer.max_steps``) — what the mixed engine routes by and ``--dry-run`` prints."""
+    return share_schedule(m.real_share, m.real_share_end, m.schedule, m.steps(max_steps))
 
 
 class MixedSearchEngine:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from curricula.config import ScheduleName
+from curricula.config import CurriculumConfig, ScheduleName
 
 
 @runtime_checkable
@@ -196,3 +196,26 @@ def build_schedule(
             delta=delta,
         )
     raise ValueError(f"unknown noise schedule {name!r}; valid: {', '.join(ScheduleName)}")
+
+
+def curriculum_schedule(c: CurriculumConfig, max_steps: int) -> NoiseSchedule:
+    """The noise schedule ``curriculum.*`` describes, over :meth:`CurriculumConfig.steps` (``max_steps``: the
+    run's ``trainer.max_steps``) — what training draws from and ``--dry-run`` prints."""
+    return build_schedule(
+        c.schedule,
+        p_start=c.p_start,
+        p_end=c.p_end,
+        base=c.base,
+        total_steps=c.steps(max_steps),
+        stages=c.stages,
+        window=c.adaptive_window,
+        raise_above=c.adaptive_raise_above,
+        lower_below=c.adaptive_lower_below,
+        delta=c.adaptive_delta,
+    )
+
+
+def describe_curve(schedule: NoiseSchedule, total_steps: int) -> str:
+    """``schedule``'s probability at steps 0, 1/4, 1/2, 3/4 and all of ``total_steps``: ``"0.00@0, ..."``."""
+    marks = sorted({0, total_steps // 4, total_steps // 2, 3 * total_steps // 4, total_steps})
+    return ", ".join(f"{schedule.probability(i):.2f}@{i}" for i in marks)

@@ -381,9 +381,7 @@ def test_cli_train_then_eval(
     client = mlflow.MlflowClient()
     (sft,) = mlflow.search_runs(experiment_names=["zerosim-simulator"], output_format="list")
     assert sft.data.tags["zerosim.job"] == "simulator-sft"
-    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(
-        ckpt.resolve()
-    )
+    assert sft.info.status == "FINISHED" and sft.data.tags["zerosim.checkpoint"] == str(ckpt.resolve())
     assert sft.data.params["sft.lora"] == str(lora)
     assert sft.data.tags["zerosim.objective"] == objective
     assert [m.step for m in client.get_metric_history(sft.info.run_id, "loss")] == [1, 2]

@@ -312,11 +312,11 @@ def index_build(
     faiss_type: str = typer.Option("flat", "--faiss-type", help="flat | hnsw | ivfpq"),
 ) -> None:
     """Build a BM25 or dense index with a manifest."""
-    from eval.index import build_index
+    from eval.index import KINDS, build_index
     from zerosim.engines import resolve_corpus
 
-    if kind not in ("bm25", "dense"):
-        _fail(f"--kind must be bm25 or dense, got {kind!r}")
+    if kind not in KINDS:
+        _fail(f"--kind must be {' or '.join(KINDS)}, got {kind!r}")
     path = build_index(Path(resolve_corpus(corpus)), kind, out, encoder=encoder, faiss_type=faiss_type)
     typer.echo(str(path))
 

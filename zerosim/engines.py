@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -9,8 +11,9 @@ from curricula.config import CurriculumConfig, MixedConfig
 from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
-from zerosim.core.config import EMBEDDED_DATA, ConfigError, ranged
+from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url, ranged
 from zerosim.core.http.client import HTTPConfig, Negatives
+from zerosim.core.models import describe_model
 from zerosim.core.search import SearchEngine
 
 
@@ -33,6 +36,12 @@ class EngineName(StrEnum):
     def simulated(self) -> bool:
         """The simulator writes (some of) the documents: simulator, mixed."""
         return self in (EngineName.simulator, EngineName.mixed)
+
+    @property
+    def indexed(self) -> bool:
+        """A retriever over an index this process loads (bm25, dense, hybrid): its noisy slots are filled here,
+        with corpus negatives (``search.negatives``); over http the server behind the URL fills them."""
+        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid)
 
 
 @dataclass
@@ -78,19 +87,32 @@ def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
 
 def real_part(cfg: SearchConfig) -> SearchConfig:
     """``cfg`` for the real retriever of ``search.engine=mixed`` (``search.mixed.real``, its own settings)."""
-    import dataclasses
-
     return dataclasses.replace(cfg, engine=cfg.mixed.real)
+
+
+def real_kind(cfg: SearchConfig) -> EngineName:
+    """The engine whose documents a real retriever gives: ``search.mixed.real`` under ``search.engine=mixed``,
+    else ``search.engine`` itself."""
+    return _engine_name(cfg.mixed.real if cfg.engine == EngineName.mixed else cfg.engine)
+
+
+def _engine_name(engine: str) -> EngineName:
+    """``engine`` as an :class:`EngineName` (a hand-built config may hold a plain string); an unknown one is
+    refused as the factory refuses it."""
+    try:
+        return EngineName(engine)
+    except ValueError:
+        raise ValueError(f"unknown search.engine {engine!r}; valid: {', '.join(EngineName)}") from None
 
 
 def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
     """Why ``engine`` (built from ``cfg``) would drop the curriculum's noise, or ``None`` when it honours it."""
-    if cfg.engine == "mixed":  # the simulator part writes noisy documents itself; the real part decides
+    if cfg.engine == EngineName.mixed:  # the simulator part writes noisy documents; the real part decides
         problem = noise_problem(engine.real, real_part(cfg))
         return None if problem is None else f"its real part (search.mixed.real={cfg.mixed.real}): {problem}"
-    if cfg.engine == "simulator":
+    if cfg.engine == EngineName.simulator:
         return None  # it writes noisy documents itself
-    if cfg.engine == "http":
+    if cfg.engine == EngineName.http:
         return unwrap_rerank(engine).noise_problem()
     if getattr(engine, "honours_noise", False):
         return None
@@ -101,8 +123,8 @@ def check_noise_config(cfg: SearchConfig, curriculum: CurriculumConfig) -> None:
     """What :func:`check_noise` can tell from the config alone (``--dry-run``, before any engine is built):
     a noisy curriculum over a real retriever with ``search.negatives=none``."""
     # (over http, negatives=none leaves the slots to the engine behind the server: its /health decides)
-    kind = cfg.mixed.real if cfg.engine == "mixed" else cfg.engine  # mixed: its real part must fill them
-    if curriculum_adds_noise(curriculum) and kind in ("bm25", "dense", "hybrid") and cfg.negatives == "none":
+    kind = real_kind(cfg)  # mixed: its real part must fill them
+    if curriculum_adds_noise(curriculum) and kind.indexed and cfg.negatives == Negatives.none:
         _refuse(cfg, f"search.negatives=none leaves the {kind} retriever's noisy slots unfilled")
 
 
@@ -114,7 +136,7 @@ def check_noise(engine: SearchEngine, cfg: SearchConfig) -> None:
 
 
 def _refuse(cfg: SearchConfig, problem: str) -> None:
-    if (cfg.mixed.real if cfg.engine == "mixed" else cfg.engine) == "http":
+    if real_kind(cfg) == EngineName.http:
         fix = (
             "serve the index with this version's `zerosim serve retriever` (it fills noisy slots with corpus "
             "negatives; set search.negatives=hard|random)"
@@ -178,25 +200,9 @@ def real_retriever(kind: str, corpus: str, index_dir: str | None, **options) -> 
     return load_index(target, corpus=corpus_path, encoder=encoder)
 
 
-def _dense(cfg: SearchConfig) -> SearchEngine:
-    from eval.dense import EMBEDDED_ENCODER
-
-    d = cfg.dense
-    return real_retriever(
-        "dense",
-        d.corpus,
-        d.index_dir,
-        # unset: a given index's own encoder (its manifest), else the embedded one for the index built here
-        encoder=d.encoder if d.encoder is not None or d.index_dir is not None else EMBEDDED_ENCODER,
-        faiss_type=d.faiss_type,
-        query_prefix=d.query_prefix,
-        passage_prefix=d.passage_prefix,
-    )
-
-
 def with_negatives(retriever: SearchEngine, docs, cfg: SearchConfig, seed: int) -> SearchEngine:
     """``retriever`` honouring curriculum noise with corpus negatives (``search.negatives``), or as it is."""
-    if cfg.negatives == "none":
+    if cfg.negatives == Negatives.none:
         return retriever
     from curricula.negatives import CorpusNegatives
 
@@ -213,46 +219,260 @@ def build_search_engine(
 ) -> SearchEngine:
     """The configured :class:`SearchEngine`, ready to answer.
 
-    ``noise=True`` (the run's curriculum can ask for noisy documents, :func:`curriculum_adds_noise`) refuses
-    an engine that would silently answer them with plain documents: ``ConfigError`` naming the fix.
-    ``total_steps`` (the run's ``trainer.max_steps``) is the length of ``search.engine=mixed``'s real-share
-    schedule unless ``search.mixed.total_steps`` sets it.
+    :func:`preflight` runs first: a config it refuses fails here as in ``zerosim train --dry-run``, before
+    any index, weight or server is touched. ``noise=True`` (the run's curriculum can ask for noisy
+    documents, :func:`curriculum_adds_noise`) refuses an engine that would silently answer them with plain
+    documents: ``ConfigError`` naming the fix. ``total_steps`` (the run's ``trainer.max_steps``) is the
+    length of ``search.engine=mixed``'s real-share schedule unless ``search.mixed.total_steps`` sets it.
     """
-    if cfg.engine == "simulator" and cfg.rerank.model is not None:
-        raise ConfigError(rerank_refusal())
-    if cfg.engine == "mixed":
-        engine = _mixed(cfg, seed=seed, dtype=dtype, total_steps=total_steps)
-    else:
-        engine = _build(cfg, seed=seed, dtype=dtype)
+    preflight(cfg, total_steps=total_steps)
+    engine = _build(cfg, seed=seed, dtype=dtype, total_steps=total_steps)
     if noise:
         try:
             check_noise(engine, cfg)
         except BaseException:
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            _close(engine)
             raise
     return engine
 
 
-def _mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
-    """The simulator (as for ``engine=simulator``) and ``search.mixed.real`` (as for that engine, with
-    corpus negatives), routed per search (:class:`curricula.MixedSearchEngine`)."""
-    import dataclasses
+def _build(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None = None) -> SearchEngine:
+    """``cfg.engine``'s builder (:data:`ENGINES`), after :func:`preflight` passed."""
+    return ENGINES[_engine_name(cfg.engine)].build(cfg, seed=seed, dtype=dtype, total_steps=total_steps)
 
-    from curricula.mixed import MixedSearchEngine, share_schedule
+
+def _close(engine: SearchEngine) -> None:
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+# -- preflight: what a build checks before it loads anything; the rows of `zerosim train --dry-run` -----------
+
+Row = tuple[str, str]  # (item, value): one row of the dry run's table
+
+
+def preflight(cfg: SearchConfig, *, prefix: str = "search.", total_steps: int | None = None) -> list[Row]:
+    """What building ``cfg`` needs that can be checked without loading anything (the paths it opens, a dense
+    index's manifest, the URLs, a local model or cross-encoder folder, a prompts file), refused with one error
+    for ``zerosim train --dry-run`` and :func:`build_search_engine` alike (the build calls this first); returns
+    the rows that describe the engine in the dry run. Each engine's part is its :data:`ENGINES` entry's
+    ``preflight``. ``prefix`` names the settings in errors; ``total_steps`` is as for the build."""
+    engine = _engine_name(cfg.engine)
+    if engine == EngineName.simulator and cfg.rerank.model is not None:
+        raise ConfigError(rerank_refusal(prefix))
+    rows = [("search", f"{engine}, k={cfg.k}")]
+    rows += ENGINES[engine].preflight(cfg, prefix=prefix, total_steps=total_steps)
+    if cfg.rerank.model is not None:
+        rows.append(("reranker", describe_rerank(cfg.rerank, f"{prefix}rerank", real_kind(cfg))))
+    if engine != EngineName.simulator:
+        rows.append(("noise over a real retriever", cfg.negatives))
+    return rows
+
+
+def _exists(path: str | None, key: str, what: str) -> None:
+    """A file (or, for an index, a folder) that start-up opens: checked by existence only (corpora are big)."""
+    from pathlib import Path
+
+    if path is None or path == EMBEDDED_DATA:
+        return
+    found = Path(path).is_dir() if what == "index folder" else Path(path).is_file()
+    if not found:
+        raise ConfigError(f"{key}: {what} {path} does not exist; fix the path or leave {key} at its default")
+
+
+# -- the engines: each one's preflight beside its builder, both registered in ENGINES -------------------------
+# The reranker sits under the corpus negatives: useful slots take the reranked top, hard negatives the reranked
+# ranks k+1..; over http the server fills the noisy slots and the useful ones are reranked.
+
+
+def _preflight_simulator(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    sim = cfg.simulator
+    if sim.backend == "openai":
+        url = check_url(sim.url, f"{prefix}simulator.url")
+        rows = [
+            ("simulator", f"{sim.served_model or sim.model} at {url}"),
+            (
+                "simulator client",
+                f"{sim.max_concurrency} concurrent request(s) per process, {sim.retries} tries",
+            ),
+        ]
+    else:
+        rows = [("simulator", f"{describe_model(sim.model)}, in process on every rank")]
+    if sim.prompts_file is not None:
+        _exists(sim.prompts_file, f"{prefix}simulator.prompts_file", "prompts file")
+        from simulators.prompts import SimulatorPrompts
+
+        SimulatorPrompts.from_file(sim.prompts_file)  # a malformed templates file fails here
+    if sim.prompts != "default" or sim.prompts_file is not None:
+        templates = f", templates from {sim.prompts_file}" if sim.prompts_file is not None else ""
+        rows.append(("simulator prompts", f"{sim.prompts} preset{templates}"))
+    return rows
+
+
+def _build_simulator(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    return build_simulator(cfg.simulator, seed=seed, dtype=dtype)
+
+
+def _preflight_bm25(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    b = cfg.bm25
+    _exists(b.corpus, f"{prefix}bm25.corpus", "corpus file")
+    _exists(b.index_dir, f"{prefix}bm25.index_dir", "index folder")
+    return [("corpus", b.corpus + (f" (index {b.index_dir})" if b.index_dir else ""))]
+
+
+def _sparse(cfg: SearchConfig) -> SearchEngine:
+    return real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
+
+
+def _build_bm25(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    sparse = _sparse(cfg)
+    return with_negatives(reranked(sparse, cfg), sparse.docs, cfg, seed)
+
+
+def _preflight_dense(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    from eval.dense import EMBEDDED_ENCODER
+
+    d = cfg.dense
+    _exists(d.corpus, f"{prefix}dense.corpus", "corpus file")
+    _exists(d.index_dir, f"{prefix}dense.index_dir", "index folder")
+    if d.index_dir:
+        return [("dense index", _dense_index(cfg, prefix))]
+    return [("dense encoder", f"{d.encoder or EMBEDDED_ENCODER} over {d.corpus} ({d.faiss_type})")]
+
+
+def _dense_index(cfg: SearchConfig, prefix: str) -> str:
+    """``search.dense.index_dir``: its manifest read (a built or imported index), and the encoder it needs
+    checked against ``search.dense.encoder`` (when set: unset takes the index's), as loading would (without
+    loading the encoder)."""
+    from eval.dense import resolve_encoder
+    from eval.index import read_manifest
+
+    d, key = cfg.dense, f"{prefix}dense"
+    manifest = read_manifest(d.index_dir)
+    if manifest["kind"] != "dense":
+        raise ConfigError(
+            f"{key}.index_dir={d.index_dir} holds a {manifest['kind']} index; point it at a dense one"
+        )
+    built = manifest["dense"]
+    if d.encoder is not None and resolve_encoder(d.encoder)[0] != built["encoder"]:
+        raise ConfigError(
+            f"{key}.index_dir={d.index_dir} was encoded with {built['encoder']}, but {key}.encoder="
+            f"{d.encoder}: set {key}.encoder={built['encoder']}"
+        )
+    origin = "imported from " + manifest["imported"]["faiss"] if "imported" in manifest else "built"
+    return (
+        f"{d.index_dir}: {manifest['corpus']['passages']} passages, {built['encoder']} "
+        f"({built['dimension']}-d, {built.get('metric') or 'ip'}), {origin}"
+    )
+
+
+def _dense(cfg: SearchConfig) -> SearchEngine:
+    from eval.dense import EMBEDDED_ENCODER
+
+    d = cfg.dense
+    return real_retriever(
+        "dense",
+        d.corpus,
+        d.index_dir,
+        # unset: a given index's own encoder (its manifest), else the embedded one for the index built here
+        encoder=d.encoder if d.encoder is not None or d.index_dir is not None else EMBEDDED_ENCODER,
+        faiss_type=d.faiss_type,
+        query_prefix=d.query_prefix,
+        passage_prefix=d.passage_prefix,
+    )
+
+
+def _build_dense(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    dense = _dense(cfg)
+    return with_negatives(reranked(dense, cfg), dense.docs, cfg, seed)
+
+
+def _preflight_hybrid(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    parts = {"prefix": prefix, "total_steps": total_steps}
+    return [*_preflight_bm25(cfg, **parts), *_preflight_dense(cfg, **parts)]
+
+
+def _build_hybrid(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    from eval.hybrid import HybridRetriever
+
+    sparse = _sparse(cfg)
+    hybrid = HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
+    return with_negatives(reranked(hybrid, cfg), sparse.docs, cfg, seed)
+
+
+def _preflight_http(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    h = cfg.http
+    url = check_url(h.url, f"{prefix}http.url")
+    return [("retriever", f"{url} ({h.max_connections} connection(s) per process)")]
+
+
+def _build_http(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    from zerosim.core.http.client import HTTPSearchEngine
+    from zerosim.core.http.retry import RetryPolicy
+
+    h = cfg.http
+    server = HTTPSearchEngine(
+        h.url,
+        retry=RetryPolicy.of(h),
+        max_connections=h.max_connections,
+        negatives=cfg.negatives,
+        negatives_depth=cfg.negatives_depth,
+        seed=seed,
+    )
+    return reranked(server, cfg, engine_fills_noise=True)
+
+
+def _preflight_mixed(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    """Which real retriever takes which share of the searches over the run; then both parts' own checks."""
+    from curricula import describe_curve, mixed_share
 
     m = cfg.mixed
-    share = share_schedule(m.real_share, m.real_share_end, m.schedule, m.total_steps or total_steps or 1)
+    if m.real_share_end is None:
+        share = f"{m.real_share:.2f} throughout"
+    else:
+        share = f"{m.schedule}: " + describe_curve(mixed_share(m, total_steps), m.steps(total_steps))
+    rows = [("mixed", f"each search drawn: {m.real} with share {share}, the simulator otherwise")]
+    parts = {"prefix": prefix, "total_steps": total_steps}
+    rows += _preflight_simulator(cfg, **parts)
+    return rows + ENGINES[EngineName(m.real)].preflight(real_part(cfg), **parts)
+
+
+def _build_mixed(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    """The simulator (as for ``engine=simulator``) and ``search.mixed.real`` (as for that engine, with
+    corpus negatives), routed per search (:class:`curricula.MixedSearchEngine`)."""
+    from curricula import MixedSearchEngine, mixed_share
+
     real = _build(real_part(cfg), seed=seed, dtype=dtype)
     try:
-        simulator = _build(dataclasses.replace(cfg, engine="simulator"), seed=seed, dtype=dtype)
+        simulator = _build(dataclasses.replace(cfg, engine=EngineName.simulator), seed=seed, dtype=dtype)
     except BaseException:
-        close = getattr(real, "close", None)
-        if close is not None:
-            close()
+        _close(real)
         raise
-    return MixedSearchEngine(simulator, real, share=share, seed=seed)
+    return MixedSearchEngine(simulator, real, share=mixed_share(cfg.mixed, total_steps), seed=seed)
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One ``search.engine``: its :func:`preflight` part (what can be checked without loading anything,
+    refused before ``build`` starts; and its dry-run rows) and its builder (called once the preflight passed).
+    A new engine is taught here once: an :class:`EngineName` member, its settings and this entry."""
+
+    preflight: Callable[..., list[Row]]  # (cfg, *, prefix, total_steps)
+    build: Callable[..., SearchEngine]  # (cfg, *, seed, dtype, total_steps)
+
+
+ENGINES: dict[EngineName, EngineKind] = {
+    EngineName.simulator: EngineKind(_preflight_simulator, _build_simulator),
+    EngineName.bm25: EngineKind(_preflight_bm25, _build_bm25),
+    EngineName.dense: EngineKind(_preflight_dense, _build_dense),
+    EngineName.hybrid: EngineKind(_preflight_hybrid, _build_hybrid),
+    EngineName.http: EngineKind(_preflight_http, _build_http),
+    EngineName.mixed: EngineKind(_preflight_mixed, _build_mixed),
+}
+
+
+# -- the cross-encoder over a real retriever (search.rerank) ---------------------------------------------------
 
 
 def rerank_source(model: str, key: str = "search.rerank.model") -> str:
@@ -276,15 +496,23 @@ def rerank_source(model: str, key: str = "search.rerank.model") -> str:
     return "Hugging Face id"
 
 
+def describe_rerank(r: RerankConfig, key: str, over: str) -> str:
+    """``search.rerank`` (at ``key``) over the ``over`` retriever, in words: the cross-encoder (a local folder
+    checked, :func:`rerank_source`) and how deep it reads."""
+    source = rerank_source(r.model, f"{key}.model")  # a missing folder: ConfigError naming the key
+    if source != "local folder":
+        source += ", read from the HF cache or fetched at start"
+    return f"{r.model} ({source}) reorders the top {r.depth} {over} candidates of each search"
+
+
 def reranked(retriever: SearchEngine, cfg: SearchConfig, *, engine_fills_noise: bool = False) -> SearchEngine:
     """``retriever`` under ``search.rerank``'s cross-encoder (:class:`eval.rerank.CrossEncoderReranker`), or
-    as it is when ``search.rerank.model`` is unset."""
+    as it is when ``search.rerank.model`` is unset (its folder was checked by :func:`preflight`)."""
     if cfg.rerank.model is None:
         return retriever
     from eval.rerank import CrossEncoderReranker
 
     r = cfg.rerank
-    rerank_source(r.model)  # a missing folder: a ConfigError naming the key, before sentence-transformers
     return CrossEncoderReranker(
         retriever, r.model, depth=r.depth, batch_size=r.batch_size, engine_fills_noise=engine_fills_noise
     )
@@ -295,43 +523,3 @@ def unwrap_rerank(engine: SearchEngine) -> SearchEngine:
     from eval.rerank import CrossEncoderReranker
 
     return engine.engine if isinstance(engine, CrossEncoderReranker) else engine
-
-
-def _build(cfg: SearchConfig, *, seed: int, dtype: str) -> SearchEngine:
-    # the reranker sits under the corpus negatives: useful slots take the reranked top, hard negatives the
-    # reranked ranks k+1..; over http the server fills the noisy slots and the useful ones are reranked
-    if cfg.engine == "simulator":
-        return build_simulator(cfg.simulator, seed=seed, dtype=dtype)
-    if cfg.engine == "bm25":
-        sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
-        return with_negatives(reranked(sparse, cfg), sparse.docs, cfg, seed)
-    if cfg.engine == "dense":
-        dense = _dense(cfg)
-        return with_negatives(reranked(dense, cfg), dense.docs, cfg, seed)
-    if cfg.engine == "hybrid":
-        from eval.hybrid import HybridRetriever
-
-        sparse = real_retriever("bm25", cfg.bm25.corpus, cfg.bm25.index_dir)
-        hybrid = HybridRetriever(sparse, _dense(cfg), rrf_k=cfg.hybrid.rrf_k, depth=cfg.hybrid.depth)
-        return with_negatives(reranked(hybrid, cfg), sparse.docs, cfg, seed)
-    if cfg.engine == "http":
-        return reranked(_http(cfg, seed), cfg, engine_fills_noise=True)
-    raise ValueError(
-        f"unknown search.engine {cfg.engine!r}; valid: simulator, bm25, dense, hybrid, http, mixed"
-    )
-
-
-def _http(cfg: SearchConfig, seed: int) -> SearchEngine:
-    from zerosim.core.http.client import HTTPSearchEngine
-
-    h = cfg.http
-    return HTTPSearchEngine(
-        h.url,
-        connect_timeout=h.connect_timeout,
-        read_timeout=h.read_timeout,
-        retries=h.retries,
-        max_connections=h.max_connections,
-        negatives=cfg.negatives,
-        negatives_depth=cfg.negatives_depth,
-        seed=seed,
-    )

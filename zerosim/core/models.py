@@ -130,6 +130,17 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path
 
 
+def describe_model(name: str) -> str:
+    """Where the model ``name`` comes from, in words (``--dry-run``): resolved as :func:`resolve_model` does
+    (a path-like name that does not exist raises :class:`ModelError`), but the embedded one is not prepared."""
+    if name == EMBEDDED_MODEL:
+        return f"{name} (embedded SmolLM2-135M-Instruct)"
+    resolved = resolve_model(name)
+    if Path(resolved).is_dir():
+        return f"{resolved} (local checkpoint)"
+    return f"{resolved} (Hugging Face id, fetched or read from the HF cache at start)"
+
+
 def default_dtype(requested: str = "auto") -> torch.dtype:
     """fp32 on CPU (bf16 matmuls are slower on this class of CPU), bf16 on GPU, unless told otherwise."""
     if requested == "float32":

@@ -13,22 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from curricula import build_schedule
-from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError
+from curricula import curriculum_schedule, describe_curve
+from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url
+from zerosim.core.models import describe_model
+from zerosim.engines import EngineName, check_noise_config, describe_rerank, preflight
 from zerosim.training.config import TrainConfig
-
-
-def _model(name: str) -> str:
-    from zerosim.core.models import resolve_model
-
-    if name == EMBEDDED_MODEL:
-        return f"{name} (embedded SmolLM2-135M-Instruct)"
-    resolved = resolve_model(name)  # raises ModelError for a path-like name that does not exist
-    if Path(resolved).is_dir():
-        return f"{resolved} (local checkpoint)"
-    return f"{resolved} (Hugging Face id, fetched or read from the HF cache at start)"
 
 
 def _data(source: str, split: str, key: str, use: int | None = None) -> str:
@@ -69,28 +59,12 @@ def _data(source: str, split: str, key: str, use: int | None = None) -> str:
     return f"{path} ({count(len(rows))}, every row checked)"
 
 
-def _exists(path: str | None, key: str, what: str) -> None:
-    """A file (or, for an index, a folder) that start-up opens: checked by existence only (corpora are big)."""
-    if path is None or path == EMBEDDED_DATA:
-        return
-    found = Path(path).is_dir() if what == "index folder" else Path(path).is_file()
-    if not found:
-        raise ConfigError(f"{key}: {what} {path} does not exist; fix the path or leave {key} at its default")
-
-
-def _url(url: str, what: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{what} {url!r} must look like http://HOST:PORT")
-    return url
-
-
 def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
     """The LLM judge a reward asks (``reward.metric=judge`` or a ``judge`` weight): where, which model, how long."""
     if not cfg.reward.uses_judge():
         return []
     j = cfg.reward.judge
-    where = _url(j.url or "", "reward.judge.url")
+    where = check_url(j.url or "", "reward.judge.url")
     bound = j.retries * (j.connect_timeout + j.read_timeout)
     return [
         (
@@ -101,119 +75,13 @@ def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
     ]
 
 
-def _mixed(cfg: TrainConfig) -> str:
-    """``search.engine=mixed``: which real retriever takes which share of the searches, over the run."""
-    from curricula.mixed import share_schedule
-
-    m = cfg.search.mixed
-    total = m.total_steps or cfg.trainer.max_steps
-    schedule = share_schedule(m.real_share, m.real_share_end, m.schedule, total)
-    if m.real_share_end is None:
-        share = f"{m.real_share:.2f} throughout"
-    else:
-        marks = sorted({0, total // 4, total // 2, 3 * total // 4, total})
-        share = f"{m.schedule}: " + ", ".join(f"{schedule.probability(i):.2f}@{i}" for i in marks)
-    return f"each search drawn: {m.real} with share {share}, the simulator otherwise"
-
-
-def _search(cfg: TrainConfig) -> list[tuple[str, str]]:
-    s = cfg.search
-    rows = [("search", f"{s.engine}, k={s.k}")]
-    kinds = {s.engine}
-    if s.engine == "mixed":
-        rows.append(("mixed", _mixed(cfg)))
-        kinds = {"simulator", s.mixed.real}
-    if "simulator" in kinds:
-        sim = s.simulator
-        if sim.backend == "openai":
-            rows.append(
-                ("simulator", f"{sim.served_model or sim.model} at {_url(sim.url, 'search.simulator.url')}")
-            )
-            rows.append(
-                (
-                    "simulator client",
-                    f"{sim.max_concurrency} concurrent request(s) per process, {sim.retries} tries",
-                )
-            )
-        else:
-            rows.append(("simulator", f"{_model(sim.model)}, in process on every rank"))
-        if sim.prompts_file is not None:
-            _exists(sim.prompts_file, "search.simulator.prompts_file", "prompts file")
-            from simulators.prompts import SimulatorPrompts
-
-            SimulatorPrompts.from_file(sim.prompts_file)  # a malformed templates file fails here
-        if sim.prompts != "default" or sim.prompts_file is not None:
-            templates = f", templates from {sim.prompts_file}" if sim.prompts_file is not None else ""
-            rows.append(("simulator prompts", f"{sim.prompts} preset{templates}"))
-    if "http" in kinds:
-        rows.append(
-            (
-                "retriever",
-                f"{_url(s.http.url, 'search.http.url')} ({s.http.max_connections} connection(s) per process)",
-            )
-        )
-    if kinds & {"bm25", "hybrid"}:
-        _exists(s.bm25.corpus, "search.bm25.corpus", "corpus file")
-        _exists(s.bm25.index_dir, "search.bm25.index_dir", "index folder")
-        rows.append(("corpus", s.bm25.corpus + (f" (index {s.bm25.index_dir})" if s.bm25.index_dir else "")))
-    if kinds & {"dense", "hybrid"}:
-        _exists(s.dense.corpus, "search.dense.corpus", "corpus file")
-        _exists(s.dense.index_dir, "search.dense.index_dir", "index folder")
-        if s.dense.index_dir:
-            rows.append(("dense index", _dense_index(s.dense)))
-        else:
-            encoder = s.dense.encoder or "minilm"
-            rows.append(("dense encoder", f"{encoder} over {s.dense.corpus} ({s.dense.faiss_type})"))
-    if s.rerank.model is not None:
-        rows.append(("reranker", _rerank(s.rerank, "search.rerank", kinds - {"simulator"})))
-    if s.engine != "simulator":
-        rows.append(("noise over a real retriever", s.negatives))
-    return rows
-
-
-def _dense_index(d) -> str:
-    """``search.dense.index_dir``: its manifest read (a built or imported index), and the encoder it needs
-    checked against ``search.dense.encoder`` (when set: unset takes the index's), as loading would (without
-    loading the encoder)."""
-    from eval.dense import resolve_encoder
-    from eval.index import read_manifest
-
-    manifest = read_manifest(d.index_dir)
-    if manifest["kind"] != "dense":
-        raise ConfigError(
-            f"search.dense.index_dir={d.index_dir} holds a {manifest['kind']} index; point it at a dense one"
-        )
-    built = manifest["dense"]
-    if d.encoder is not None and resolve_encoder(d.encoder)[0] != built["encoder"]:
-        raise ConfigError(
-            f"search.dense.index_dir={d.index_dir} was encoded with {built['encoder']}, but search.dense.encoder="
-            f"{d.encoder}: set search.dense.encoder={built['encoder']}"
-        )
-    origin = "imported from " + manifest["imported"]["faiss"] if "imported" in manifest else "built"
-    return (
-        f"{d.index_dir}: {manifest['corpus']['passages']} passages, {built['encoder']} "
-        f"({built['dimension']}-d, {built.get('metric') or 'ip'}), {origin}"
-    )
-
-
-def _rerank(r, key: str, kinds: set[str]) -> str:
-    """``search.rerank``: the cross-encoder (a local folder checked, as start-up would) and how deep it reads."""
-    from zerosim.engines import rerank_source
-
-    source = rerank_source(r.model, f"{key}.model")  # a missing folder: ConfigError naming the key
-    if source != "local folder":
-        source += ", read from the HF cache or fetched at start"
-    over = "/".join(sorted(kinds))
-    return f"{r.model} ({source}) reorders the top {r.depth} {over} candidates of each search"
-
-
 def _validation(cfg: TrainConfig) -> str:
     v = cfg.validation
     if not v.every:
         return "off"
     data = "the first training questions" if v.data is None else _data(v.data, v.split, "validation.data")
     engine = "the training engine, no noise" if v.engine == "train" else v.engine
-    if v.engine == "train" and cfg.search.engine == "mixed":
+    if v.engine == "train" and cfg.search.engine == EngineName.mixed:
         engine = (
             f"the training mix at real share {cfg.search.mixed.real_share:g} (step 0's; the same routes "
             "every pass), no noise"
@@ -232,7 +100,7 @@ def _warmstart(cfg: TrainConfig) -> str:
     data = _data(w.data, w.split, "warmstart.data")
     search = f"{w.search.engine}"
     if w.search.rerank.model is not None:
-        search += ", " + _rerank(w.search.rerank, "warmstart.search.rerank", {str(w.search.engine)})
+        search += ", " + describe_rerank(w.search.rerank, "warmstart.search.rerank", str(w.search.engine))
     return f"{w.num_examples} trajectories from {data} over {search}, {w.max_steps} steps"
 
 
@@ -258,14 +126,7 @@ def plan(
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
     trajectories = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
-    total = c.total_steps or t.max_steps
-    schedule = build_schedule(
-        c.schedule, p_start=c.p_start, p_end=c.p_end, base=c.base, total_steps=total, stages=c.stages,
-        window=c.adaptive_window, raise_above=c.adaptive_raise_above, lower_below=c.adaptive_lower_below,
-        delta=c.adaptive_delta,
-    )  # fmt: skip
-    marks = sorted({0, total // 4, total // 2, 3 * total // 4, total})
-    curve = ", ".join(f"{schedule.probability(i):.2f}@{i}" for i in marks)
+    curve = describe_curve(curriculum_schedule(c, t.max_steps), c.steps(t.max_steps))
     vllm = (
         "installed"
         if importlib.util.find_spec("vllm")
@@ -273,8 +134,7 @@ def plan(
     )
     generation = t.generation if t.generation == "hf" else f"{t.generation} (vLLM {vllm})"
     if t.generation == "vllm_server":
-        generation += f", server {_url(t.vllm_server_url, 'trainer.vllm_server_url')}"
-    from zerosim.engines import check_noise_config
+        generation += f", server {check_url(t.vllm_server_url, 'trainer.vllm_server_url')}"
     from zerosim.training.checkpoint import resume_point
 
     check_noise_config(cfg.search, c)  # a noisy curriculum over a retriever that would leave its slots empty
@@ -292,10 +152,10 @@ def plan(
     dynamic = t.dynamic_sampling if t.dynamic_sampling is not None else spec.dynamic_sampling
     rows = [
         ("run", run),
-        ("policy", _model(cfg.policy.model) + f", dtype {cfg.policy.dtype}"),
+        ("policy", describe_model(cfg.policy.model) + f", dtype {cfg.policy.dtype}"),
         ("warm start", _warmstart(cfg)),
         ("data", _data(cfg.data.train, cfg.data.split, "data.train", cfg.data.max_examples)),
-        *_search(cfg),
+        *preflight(cfg.search, total_steps=t.max_steps),  # what the build checks first, and its rows
         ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip [{t.epsilon:g}, {epsilon_high:g}]" + (", equal-reward groups dropped" if dynamic else "")),
         ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if t.algorithm == "ppo" else "none"),
         ("processes", f"{processes}, {_threads(cfg)}"),

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from curricula import CurriculumNoise, build_schedule, find_mixed
+from curricula import CurriculumNoise, curriculum_schedule, find_mixed
 from zerosim.agent.rewards import build_judge, make_reward_func
 from zerosim.agent.rollout import SearchRollout, build_prompt
 from zerosim.core.config import ConfigError
@@ -377,18 +377,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     tokenizer = load_tokenizer(policy_model)
     policy = load_causal_lm(policy_model, cfg.policy.dtype)
     c = cfg.curriculum
-    schedule = build_schedule(
-        c.schedule,
-        p_start=c.p_start,
-        p_end=c.p_end,
-        base=c.base,
-        total_steps=c.total_steps or cfg.trainer.max_steps,
-        stages=c.stages,
-        window=c.adaptive_window,
-        raise_above=c.adaptive_raise_above,
-        lower_below=c.adaptive_lower_below,
-        delta=c.adaptive_delta,
-    )
+    schedule = curriculum_schedule(c, cfg.trainer.max_steps)
     mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source
     loop = SearchRollout(
         tokenizer,
