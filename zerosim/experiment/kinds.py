@@ -215,6 +215,19 @@ class StageKind:
         return OVERHEAD_S + (self.rate if rate is None else rate) * self.units(stage.config)
 
 
+def _simulator_training(job: str, *, rate: float) -> StageKind:
+    """SFT or DPO of the simulator: ``rate`` seconds per optimizer step."""
+    return StageKind(
+        job=job,
+        schema=SimulatorTrainConfig,
+        run=_simulator_train,
+        outputs=("path",),
+        rate=rate,
+        units=lambda c: c.max_steps,
+        describe=lambda s: f"{s.config.objective} of {s.config.model}, {s.config.max_steps} steps",
+    )
+
+
 KINDS: dict[Kind, StageKind] = {
     Kind.collect: StageKind(
         job="zerosim simulator collect",
@@ -228,24 +241,10 @@ KINDS: dict[Kind, StageKind] = {
             f"{s.config.search.engine} depth {s.config.depth}"
         ),
     ),
-    Kind.sft: StageKind(
-        job="zerosim simulator train",
-        schema=SimulatorTrainConfig,
-        run=_simulator_train,
-        outputs=("path",),
-        rate=8.2,  # per optimizer step (batch 4, max_length 384; measured: 60 steps in 506 s)
-        units=lambda c: c.max_steps,
-        describe=lambda s: f"{s.config.objective} of {s.config.model}, {s.config.max_steps} steps",
-    ),
-    Kind.dpo: StageKind(
-        job="zerosim simulator train objective=dpo",
-        schema=SimulatorTrainConfig,
-        run=_simulator_train,
-        outputs=("path",),
-        rate=25.0,  # per optimizer step (batch 4: policy and reference; measured: 20 steps in 514 s)
-        units=lambda c: c.max_steps,
-        describe=lambda s: f"{s.config.objective} of {s.config.model}, {s.config.max_steps} steps",
-    ),
+    # per optimizer step (batch 4, max_length 384; measured: 60 steps in 506 s)
+    Kind.sft: _simulator_training("zerosim simulator train", rate=8.2),
+    # per optimizer step (batch 4: policy and reference; measured: 20 steps in 514 s)
+    Kind.dpo: _simulator_training("zerosim simulator train objective=dpo", rate=25.0),
     Kind.quality: StageKind(
         job="zerosim simulator eval",
         schema=SimulatorEvalConfig,
