@@ -1,4 +1,8 @@
-"""Real retrievers and evaluation."""
+"""Real retrievers (BM25, dense, hybrid, reranker), their indexes, and the evaluation harness.
+
+Components layer: independent of the other components (simulators, eval, curricula). May import ``zerosim.agent``,
+``zerosim.core`` and third-party libraries; imported by the apps (``zerosim.engines`` and above).
+"""
 
 from eval.bm25 import BM25Retriever
 

@@ -1,4 +1,9 @@
-"""LLM search simulators: prompts, parsing, text backends, the simulator engine, a cache, serving."""
+"""LLM search simulators: prompts, parsing, text backends, the simulator engine, a cache, serving, and the
+simulator's SFT/DPO pipeline and quality report.
+
+Components layer: independent of the other components (simulators, eval, curricula). May import ``zerosim.agent``,
+``zerosim.core`` and third-party libraries; imported by the apps (``zerosim.engines`` and above).
+"""
 
 from simulators.backends import OpenAIBackend, TextBackend, TransformersBackend
 from simulators.cache import CachedSearchEngine

@@ -1,4 +1,5 @@
-"""Datasets: the CIA World Factbook corpus and QA builder, the FlashRAG QA / corpus loaders, JSON lines."""
+"""Datasets (foundation layer): the CIA World Factbook corpus and QA builder, the FlashRAG QA / corpus loaders,
+JSON lines. May import ``zerosim.core`` and third-party libraries."""
 
 from zerosim.core.data.factbook import FactbookPaths, build_factbook
 from zerosim.core.data.jsonl import DataError, read_jsonl, write_jsonl
