@@ -19,6 +19,7 @@ from curricula.schedules import (
     build_schedule,
     curriculum_schedule,
     describe_curve,
+    mean_probability,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "build_schedule",
     "curriculum_schedule",
     "describe_curve",
+    "mean_probability",
     "draw_noise",
     "search_source",
     "trajectory_noise",

@@ -215,6 +215,15 @@ def curriculum_schedule(c: CurriculumConfig, max_steps: int) -> NoiseSchedule:
     )
 
 
+def mean_probability(schedule: NoiseSchedule, steps: int) -> float:
+    """The mean noise probability over a run of ``steps`` optimizer steps (``p(0) .. p(steps - 1)``: the steps
+    training draws at): what a constant schedule must be to ask for as much noise in all. An adaptive schedule
+    follows the reward, so it has no mean before the run: ValueError."""
+    if isinstance(schedule, AdaptiveSchedule):
+        raise ValueError("an adaptive schedule follows the reward: its mean is known only after the run")
+    return sum(schedule.probability(i) for i in range(steps)) / steps
+
+
 def describe_curve(schedule: NoiseSchedule, total_steps: int) -> str:
     """``schedule``'s probability at steps 0, 1/4, 1/2, 3/4 and all of ``total_steps``: ``"0.00@0, ..."``."""
     marks = sorted({0, total_steps // 4, total_steps // 2, 3 * total_steps // 4, total_steps})

@@ -25,6 +25,13 @@ class FaissType(StrEnum):
     ivfpq = "ivfpq"
 
 
+class Sample(StrEnum):
+    """Which rows ``limit`` keeps."""
+
+    first = "first"
+    stratified = "stratified"
+
+
 class Method(StrEnum):
     """How the policy answers under ``zerosim eval``."""
 
@@ -87,8 +94,10 @@ class HarnessConfig:
     datasets: list[str] = field(default_factory=lambda: [EMBEDDED_DATA])
     # default split (the embedded factbook's test split; dev is for validation)
     split: str = "test"
-    # evaluate only the first N rows of each dataset
+    # evaluate only N rows of each dataset (which ones: sample)
     limit: int | None = ranged(None, ">=1", "null = every row")
+    # with limit: the first N rows (first), or a random sample seeded by seed, stratified by metadata.hops where rows have it (stratified)
+    sample: Sample = Sample.first
     # agent (multi-turn search) | rag (retrieve once, then answer) | direct (no retrieval)
     method: Method = Method.agent
     # questions per batched generation; the last partial batch is evaluated too

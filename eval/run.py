@@ -8,11 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.config import HarnessConfig
+from eval.config import HarnessConfig, Sample
 from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.data.jsonl import write_jsonl
+from zerosim.core.data.qa import sample_examples
 from zerosim.core.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.search import SearchEngine
@@ -138,7 +139,10 @@ def load_datasets(cfg: HarnessConfig) -> list[tuple[str, list]]:
         raise ConfigError("datasets is empty; name at least one (a file, an HF id, or factbook)")
     loaded = []
     for name, source, split in dataset_names(list(cfg.datasets), cfg.split):
-        rows = load_questions(source, split, limit=cfg.limit)
+        if cfg.limit is not None and cfg.sample == Sample.stratified:
+            rows = sample_examples(load_questions(source, split), cfg.limit, seed=cfg.seed)
+        else:
+            rows = load_questions(source, split, limit=cfg.limit)
         if not rows:
             where = source if source.endswith(FILE_SUFFIXES) else f"{source}, split {split}"
             raise empty_dataset_error(name, where)

@@ -234,6 +234,31 @@ def test_splits_are_sane_and_disjoint(questions):
         assert [row["id"] for row in questions[split]] == sorted(row["id"] for row in questions[split])
 
 
+def test_fact_splits_share_no_fact(built, questions):
+    """fact-train / fact-test hold the same questions as train + dev + test, split by country: no (country,
+    attribute) fact of a held-out question — its answer's or its bridge's — is asked or used in training; at
+    least 500 held-out questions, both hops among them. The question-id split shares facts (why this exists)."""
+    fact = {s: read_jsonl(getattr(built[0], s.replace("-", "_"))) for s in ("fact-train", "fact-test")}
+
+    def facts(row: dict) -> set[tuple[str, str]]:
+        code = row["id"].split("-")[0]
+        answer, _, bridge = row["metadata"]["kind"].partition("_via_")
+        return {(code, answer), *([(code, bridge)] if bridge else [])}
+
+    def all_facts(rows: list[dict]) -> set[tuple[str, str]]:
+        return set().union(*(facts(r) for r in rows))
+
+    assert not all_facts(fact["fact-train"]) & all_facts(fact["fact-test"])
+    assert all_facts(questions["train"]) & all_facts(questions["test"])  # the id split shares facts
+    ids = sorted(r["id"] for rows in fact.values() for r in rows)
+    assert ids == sorted(r["id"] for split in SPLITS for r in questions[split])
+    for split, rows in fact.items():
+        assert all(factbook.fact_split_of(r["id"].split("-")[0]) == split for r in rows)
+    hops = Counter(r["metadata"]["hops"] for r in fact["fact-test"])
+    assert sum(hops.values()) >= 500 and hops[1] >= 250 and hops[2] >= 150, hops
+    assert built[0].num_fact_test == len(fact["fact-test"])
+
+
 def test_seed_changes_phrasing_not_splits(tmp_path, few_entries):
     a = build_factbook(tmp_path / "a", seed=0, progress=False)
     b = build_factbook(tmp_path / "b", seed=1, progress=False)
@@ -422,3 +447,36 @@ def test_load_corpus(tmp_path, built, corpus):
         load_corpus(bad)
     with pytest.raises(DataError, match="no such file"):
         load_corpus(tmp_path / "missing.jsonl")
+
+
+def test_stratified_sample_is_seeded_and_keeps_the_hop_shares():
+    """``limit`` with ``sample=stratified``: a seeded random draw that keeps each hop's share, never the
+    first N rows; rows without hops (other datasets) are drawn at random."""
+    from eval.config import HarnessConfig, Sample
+    from eval.run import load_datasets
+    from zerosim.core.data.qa import sample_examples
+
+    rows = [
+        QAExample(f"q{i:03d}", f"question {i}?", ("a",), {"hops": 1 if i < 60 else 2}) for i in range(100)
+    ]
+    first = sample_examples(rows, 20, seed=0)
+    assert [r.id for r in first] == [r.id for r in sample_examples(rows, 20, seed=0)]  # seeded
+    assert [r.id for r in first] != [r.id for r in sample_examples(rows, 20, seed=1)]
+    assert [r.id for r in first] != [r.id for r in rows[:20]]
+    assert Counter(r.metadata["hops"] for r in first) == {1: 12, 2: 8}  # 60/40 kept
+    assert [r.id for r in first] == sorted(r.id for r in first)  # in file order
+    plain = [QAExample(f"p{i}", f"p {i}?", ("a",)) for i in range(10)]
+    assert len({r.id for r in sample_examples(plain, 4, seed=0)}) == 4
+    assert sample_examples(plain, 50, seed=0) == plain
+
+    def held_out(**sampling):
+        ((_, rows),) = load_datasets(HarnessConfig(datasets=["factbook:fact-test"], limit=40, **sampling))
+        return rows
+
+    sample = held_out(sample=Sample.stratified)
+    assert len(sample) == 40 and [r.id for r in sample] != [r.id for r in held_out()]
+    from zerosim.core.data.embedded import ensure_factbook
+
+    everything = load_qa(ensure_factbook().fact_test)
+    share = Counter(r.metadata["hops"] for r in everything)[2] / len(everything)
+    assert abs(Counter(r.metadata["hops"] for r in sample)[2] / 40 - share) <= 1 / 40

@@ -17,7 +17,7 @@ SMOKE = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
 
 
 def test_bootstrap_interval_of_a_known_mean():
-    from zerosim.experiment.report import bootstrap_mean
+    from zerosim.experiment.stats import bootstrap_mean
 
     x = np.array([1.0] * 200 + [0.0] * 200)  # mean 0.5, standard error 0.025
     mean, low, high = bootstrap_mean(x, confidence=0.95, resamples=4000, seed=0)
@@ -29,12 +29,13 @@ def test_bootstrap_interval_of_a_known_mean():
 def test_paired_bootstrap_sees_what_an_unpaired_one_cannot():
     """Two policies answer the same 400 questions; b is right on 200, a on the same 200 less 20: a's EM is 90%
     of b's, and pairing makes that interval tight (unpaired, the two means' intervals overlap)."""
-    from zerosim.experiment.report import bootstrap_mean, paired_ratio
+    from zerosim.experiment.stats import bootstrap_mean, compare
 
     b = np.array([1.0] * 200 + [0.0] * 200)
     a = b.copy()
     a[:20] = 0.0
-    stats = paired_ratio(a, b, confidence=0.95, resamples=4000, seed=0)
+    stats = compare(a, b, confidence=0.95, resamples=4000, seed=0)
+    assert stats["levels"] == "questions" and stats["ratio_reliable"]
     assert stats["ratio"] == pytest.approx(0.9)
     assert stats["diff"] == pytest.approx(-0.05)
     assert stats["ratio_low"] < 0.9 < stats["ratio_high"]
@@ -44,10 +45,54 @@ def test_paired_bootstrap_sees_what_an_unpaired_one_cannot():
     _, b_low, b_high = bootstrap_mean(b, confidence=0.95, resamples=4000, seed=0)
     assert a_high > b_low  # unpaired intervals overlap
     # identical answers: ratio exactly 1 with a zero-width interval; a reference at 0 gives no ratio
-    same = paired_ratio(b, b, confidence=0.95, resamples=500, seed=0)
+    same = compare(b, b, confidence=0.95, resamples=500, seed=0)
     assert (same["ratio"], same["ratio_low"], same["ratio_high"]) == (1.0, 1.0, 1.0)
-    zero = paired_ratio(a, np.zeros_like(a), confidence=0.95, resamples=500, seed=0)
-    assert np.isnan(zero["ratio"]) and zero["diff"] == pytest.approx(0.45)
+    zero = compare(a, np.zeros_like(a), confidence=0.95, resamples=500, seed=0)
+    assert zero["ratio"] is None and not zero["ratio_reliable"] and zero["diff"] == pytest.approx(0.45)
+
+
+def test_two_level_intervals_hold_the_seeds_variance():
+    """Synthetic scores where training's variance dominates: each seed shifts every question's chance by a lot,
+    questions vary little. Over 200 such experiments (3 seeds x 200 questions), the seeds-then-questions
+    interval covers the true mean far more often than one that resamples questions alone, and is wider."""
+    from zerosim.experiment.stats import mean_interval
+
+    rng = np.random.default_rng(0)
+    truth, covered, widths = 0.4, {"two": 0, "one": 0}, {"two": [], "one": []}
+    for i in range(200):
+        chance = np.clip(truth + rng.normal(0, 0.12, size=(3, 1)), 0, 1)  # a seed's shift
+        scores = (rng.random((3, 200)) < chance).astype(float)
+        two = mean_interval(scores, confidence=0.9, resamples=400, seed=i)
+        one = mean_interval(scores.reshape(1, -1), confidence=0.9, resamples=400, seed=i)  # seeds pooled
+        assert two.levels == "seeds x questions" and one.levels == "questions"
+        for name, iv in (("two", two), ("one", one)):
+            covered[name] += iv.low <= truth <= iv.high
+            widths[name].append(iv.high - iv.low)
+    assert covered["two"] > covered["one"] + 60, covered  # the question-only interval misses the truth often
+    assert np.mean(widths["two"]) > 2 * np.mean(widths["one"]), (np.mean(widths["two"]), np.mean(widths["one"]))
+    assert covered["one"] / 200 < 0.6
+
+
+def test_a_rate_of_zero_gets_an_exact_bound_and_a_ratio_guard():
+    """0 of 128 is at most ~2.8% (exact binomial), not "0.0 [0.0, 0.0]"; a reference that resamples to 0 gives
+    no ratio (the difference stands for it); the detectable difference narrows with more questions."""
+    from zerosim.experiment.stats import compare, mean_interval
+
+    zero = mean_interval(np.zeros(128), confidence=0.95, resamples=500, seed=0)
+    assert (zero.mean, zero.low, zero.levels) == (0.0, 0.0, "exact binomial")
+    assert zero.high == pytest.approx(0.0284, abs=1e-3)
+    ones = mean_interval(np.ones((2, 50)), confidence=0.95, resamples=500, seed=0)
+    assert ones.high == 1.0 and ones.low == pytest.approx(1 - 0.0362, abs=1e-3)
+
+    ref = np.zeros(128)
+    ref[0] = 1.0  # one right answer: many resamples hold none of it
+    arm = np.zeros(128)
+    arm[:10] = 1.0
+    c = compare(arm, ref, confidence=0.95, resamples=2000, seed=0)
+    assert c["ratio"] is None and not c["ratio_reliable"]
+    assert c["diff"] == pytest.approx(9 / 128) and c["diff_low"] > 0
+    small = compare(arm[:64], ref[:64] + 0.0, confidence=0.95, resamples=2000, seed=0)
+    assert c["detectable"] > 0 and small["detectable"] > c["detectable"]
 
 
 @pytest.fixture
@@ -136,7 +181,12 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert all(0 <= s["others_cpu"] <= 1 for s in manifest["stages"].values())
     md = (root / "report.md").read_text()
     assert "| stage | minutes | other processes' CPU |" in md
-    assert sum(line.startswith("- ") for line in md.splitlines()) == len(report["comparisons"])
+    sentences = md.split("Sentences:")[1].split("###")[0]
+    assert sum(line.startswith("- ") for line in sentences.splitlines()) == len(report["comparisons"])
+    # what each arm changes, the levels every interval covers, and which code ran each stage
+    assert set(report["arms"]) == arms and "`search.engine=bm25`" in report["arms"]["real"]
+    assert all(row["em_levels"] in ("questions", "exact binomial") for row in report["rows"])
+    assert manifest["code"]["version"] and all(s["code"] == manifest["code"] for s in manifest["stages"].values())
     assert (root / "report.png").stat().st_size > 1000
 
     # MLflow: one parent run, every job run nested under it

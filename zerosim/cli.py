@@ -496,12 +496,12 @@ def data_factbook(
     out: Path = typer.Option(None, "--out", help="Output directory (default: the zerosim cache)."),
 ) -> None:
     """Build the factbook passage corpus and QA splits (FlashRAG jsonl)."""
-    from zerosim.core.data.embedded import ensure_factbook
+    from zerosim.core.data.embedded import SPLITS, ensure_factbook
     from zerosim.core.data.factbook import build_factbook
 
     paths = build_factbook(out) if out is not None else ensure_factbook()
-    for name in ("corpus", "train", "dev", "test"):
-        typer.echo(f"{name}\t{getattr(paths, name)}")
+    for name in ("corpus", *SPLITS):
+        typer.echo(f"{name}\t{getattr(paths, name.replace('-', '_'))}")
 
 
 if __name__ == "__main__":

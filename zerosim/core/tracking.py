@@ -282,3 +282,32 @@ def log_training_curves(
         ax.grid(alpha=0.3)
     mlflow.log_figure(fig, artifact_file)
     plt.close(fig)
+
+
+def code_version() -> dict[str, Any]:
+    """Which code is running: ``{"version": zerosim's, "commit": the checkout's HEAD, "dirty": whether tracked
+    files differ from it}``; outside a git checkout (an installed package), the version alone."""
+    import subprocess
+    from pathlib import Path
+
+    from zerosim import __version__
+
+    out: dict[str, Any] = {"version": __version__}
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0 or not (root / ".git").exists():
+            return out
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git here
+        return out
+    out["commit"] = head.stdout.strip()
+    out["dirty"] = bool(status.stdout.strip())
+    return out

@@ -7,13 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.config import Method
+from eval.config import Method, Sample
 from zerosim.core.config import ConfigError, load_config
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName
 
 SIMULATOR_PLACEHOLDER = "{simulator}"  # in an arm's overrides: the experiment's simulator checkpoint
+# in an arm's overrides: the mean noise probability of the base recipe's curriculum over its trainer.max_steps
+# (the experiment's overrides applied), e.g. curriculum.p_end={curriculum_mean} with curriculum.schedule=constant
+CURRICULUM_MEAN = "{curriculum_mean}"
 
 
 @dataclass
@@ -76,10 +79,12 @@ def default_arms() -> dict[str, ArmConfig]:
 class ExperimentEvalConfig:
     # held-out sets (files, HF ids, factbook[:split])
     datasets: list[str] = field(default_factory=lambda: ["factbook"])
-    # default split of those datasets
-    split: str = "test"
-    # questions per dataset (first N); None = all
+    # default split of those datasets (the embedded factbook's fact-test: no fact shared with fact-train)
+    split: str = "fact-test"
+    # questions per dataset (which ones: sample); None = all
     limit: int | None = None
+    # with limit: a random sample seeded by the first seed and stratified by hops (stratified), or the first N rows (first)
+    sample: Sample = Sample.stratified
     # real engines every policy is evaluated with (bm25, dense, hybrid, http)
     engines: list[EngineName] = field(default_factory=lambda: [EngineName.bm25, EngineName.dense])
     # methods run on the untrained policy (direct, rag)
@@ -116,6 +121,8 @@ class ExperimentConfig:
     overrides: list[str] = field(default_factory=list)
     # one training run per arm and seed
     seeds: list[int] = field(default_factory=lambda: [0])
+    # the split every training job reads — the arms' and warm start's data.split, warmstart.split, the simulator's collect split (fact-train: no fact shared with the eval default fact-test); None = as the base recipe and the jobs say
+    train_split: str | None = "fact-train"
     # e.g. "accelerate launch --config_file configs/accelerate/zero2.yaml": each training stage runs as `<launcher> -m zerosim.cli train` (None: in this process)
     train_launcher: str | None = None
     simulator: SimulatorStageConfig = field(default_factory=SimulatorStageConfig)

@@ -48,6 +48,9 @@ class Stage:
     estimate_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)  # arm, seed, engine, method for eval stages
     key: str = ""
+    changes: list[str] = field(
+        default_factory=list
+    )  # a training stage's overrides of the base recipe (not keyed)
 
     def dir(self, root: Path) -> Path:
         return root / "stages" / self.name
@@ -161,10 +164,27 @@ def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     from zerosim.experiment.report import EvalScores, write_report
 
     evals = [s for s in ctx.stages if s.kind == Kind.eval]
-    scores = [EvalScores(s.meta["arm"], s.meta["engine"], ctx.outputs[s.name]["questions"]) for s in evals]
+    scores = [
+        EvalScores(s.meta["arm"], s.meta["engine"], s.meta["seed"], ctx.outputs[s.name]["questions"])
+        for s in evals
+    ]
     records = {s.name: done for s in ctx.stages if (done := read_stage(s, ctx.root)) is not None}
     # the search and rollout settings every policy was evaluated with: the base recipe's
-    return write_report(ctx.cfg, scores, records, evals[0].config, ctx.root)
+    return write_report(
+        ctx.cfg, scores, records, evals[0].config, ctx.root, arms=describe_arms(ctx.cfg, ctx.stages)
+    )
+
+
+def describe_arms(cfg: ExperimentConfig, stages: Sequence[Stage]) -> dict[str, str]:
+    """What each enabled arm changes against the base recipe, in words (its overrides, placeholders resolved)."""
+    out = {}
+    for name, arm in cfg.enabled_arms().items():
+        if not arm.rl:
+            out[name] = "no RL: the shared warm start (or the base policy) as it is"
+            continue
+        train = next((s for s in stages if s.kind == Kind.train and s.meta.get("arm") == name), None)
+        out[name] = ", ".join(f"`{o}`" for o in train.changes) if train and train.changes else "nothing"
+    return out
 
 
 # -- how much work a stage's config asks for, and what it is in one line --------------------------------

@@ -14,10 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from zerosim.agent.rewards import METRICS as ANSWER_METRICS
 from zerosim.core.data.jsonl import read_jsonl
 from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.tracking import code_version
 from zerosim.experiment.config import ExperimentConfig
+from zerosim.experiment.stats import compare, interval_fields, mean_interval
 
 METRICS = tuple(m.value for m in ANSWER_METRICS)  # em, f1, cover_em (the judge is a training reward only)
 
@@ -28,6 +32,7 @@ class EvalScores:
 
     arm: str
     engine: str
+    seed: int | None  # the training seed (None: a baseline of the untrained policy)
     questions: str | Path
 
 
@@ -36,61 +41,6 @@ def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for row in read_jsonl(path):
         out.setdefault(row["dataset"], {})[row["id"]] = {m: float(row[m]) for m in METRICS}
-    return out
-
-
-def bootstrap_mean(values, *, confidence: float, resamples: int, seed: int) -> tuple[float, float, float]:
-    """Mean and its percentile bootstrap interval (scipy)."""
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    x = np.asarray(values, dtype=float)
-    mean = float(x.mean())
-    if len(x) < 2 or np.all(x == x[0]):
-        return mean, mean, mean
-    res = bootstrap(
-        (x,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
-        random_state=np.random.default_rng(seed),
-    )  # fmt: skip
-    return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def paired_ratio(a, b, *, confidence: float, resamples: int, seed: int) -> dict[str, float]:
-    """``mean(a) / mean(b)`` and ``mean(a) - mean(b)`` with paired bootstrap intervals (questions resampled
-    together). The ratio is NaN (its interval too) when ``b``'s mean is 0."""
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    rng = np.random.default_rng(seed)
-
-    def diff(x, y, axis=-1):
-        return x.mean(axis=axis) - y.mean(axis=axis)
-
-    def ratio(x, y, axis=-1):
-        den = y.mean(axis=axis)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(den > 0, x.mean(axis=axis) / np.where(den > 0, den, 1), np.nan)
-
-    out = {
-        "diff": float(a.mean() - b.mean()),
-        "ratio": float(a.mean() / b.mean()) if b.mean() > 0 else float("nan"),
-    }
-    if len(a) < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
-        out.update(
-            diff_low=out["diff"], diff_high=out["diff"], ratio_low=out["ratio"], ratio_high=out["ratio"]
-        )
-        return out
-    for name, stat in (("diff", diff), ("ratio", ratio)):
-        if name == "ratio" and not b.mean() > 0:
-            out.update(ratio_low=float("nan"), ratio_high=float("nan"))
-            continue
-        res = bootstrap(
-            (a, b), stat, paired=True, vectorized=True, confidence_level=confidence, n_resamples=resamples,
-            method="percentile", random_state=rng,
-        )  # fmt: skip
-        out[f"{name}_low"] = float(res.confidence_interval.low)
-        out[f"{name}_high"] = float(res.confidence_interval.high)
     return out
 
 
@@ -133,6 +83,7 @@ def manifest(cfg: ExperimentConfig, records: dict[str, dict[str, Any]], evaluate
             "attempts": done.get("attempts", 1),
             "others_cpu": done.get("others_cpu"),
             "config": done["config"],
+            "code": done.get("code"),
         }
         for name, done in records.items()
     }
@@ -155,29 +106,33 @@ def manifest(cfg: ExperimentConfig, records: dict[str, dict[str, Any]], evaluate
         },
         "eval": asdict(cfg.eval),
         "versions": versions,
+        "code": code_version(),
         "stages": stage_records,
     }
 
 
-def _per_question(evals: Sequence[EvalScores]):
-    """(arm, engine) -> dataset -> question -> metric -> mean over seeds, and how many seeds each holds."""
-    per: dict[tuple[str, str], dict[str, dict[str, dict[str, float]]]] = {}
-    counts: dict[tuple[str, str], int] = {}
+Matrices = dict[tuple[str, str], dict[str, dict[Any, dict[str, dict[str, float]]]]]
+
+
+def _per_question(evals: Sequence[EvalScores]) -> Matrices:
+    """(arm, engine) -> dataset -> seed -> question -> metric -> score."""
+    per: Matrices = {}
     for ev in evals:
-        key = (ev.arm, ev.engine)
-        acc = per.setdefault(key, {})
-        counts[key] = counts.get(key, 0) + 1
+        data = per.setdefault((ev.arm, ev.engine), {})
         for dataset, questions in _scores(ev.questions).items():
-            for qid, m in questions.items():
-                slot = acc.setdefault(dataset, {}).setdefault(qid, {k: 0.0 for k in METRICS})
-                for k in METRICS:
-                    slot[k] += m[k]
-    for key, data in per.items():
-        for questions in data.values():
-            for m in questions.values():
-                for k in METRICS:
-                    m[k] /= counts[key]
-    return per, counts
+            data.setdefault(dataset, {})[ev.seed] = questions
+    return per
+
+
+def _matrix(by_seed: dict[Any, dict[str, dict[str, float]]], questions: list[str], metric: str) -> np.ndarray:
+    """seeds × questions scores of one metric."""
+    return np.array([[scores[q][metric] for q in questions] for scores in by_seed.values()])
+
+
+def _common(*by_seed: dict[Any, dict[str, dict[str, float]]]) -> list[str]:
+    """The questions every seed of every arm answered (all of them when they evaluated the same sample)."""
+    sets = [set(scores) for seeds in by_seed for scores in seeds.values()]
+    return sorted(set.intersection(*sets)) if sets else []
 
 
 def write_report(
@@ -186,36 +141,38 @@ def write_report(
     records: dict[str, dict[str, Any]],
     evaluated: Any,
     root: Path,
+    arms: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run."""
+    """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run. ``arms``: what
+    each arm changes against the base recipe, in words."""
     import mlflow
 
     r = cfg.report
     opts = dict(confidence=r.confidence, resamples=r.resamples, seed=r.seed)
-    per, counts = _per_question(evals)
+    per = _per_question(evals)
     rows = []
     for (arm, engine), data in per.items():
-        for dataset, questions in data.items():
+        for dataset, by_seed in data.items():
+            questions = _common(by_seed)
             row = {
                 "arm": arm,
                 "engine": engine,
                 "dataset": dataset,
                 "n": len(questions),
-                "seeds": counts[(arm, engine)],
+                "seeds": len(by_seed),
             }
             for k in METRICS:
-                mean, low, high = bootstrap_mean([m[k] for m in questions.values()], **opts)
-                row[k], row[f"{k}_low"], row[f"{k}_high"] = mean, low, high
+                row.update(interval_fields(k, mean_interval(_matrix(by_seed, questions, k), **opts)))
             rows.append(row)
     comparisons = []
     for (arm, engine), data in per.items():
         ref = per.get((r.reference, engine))
         if arm == r.reference or ref is None:
             continue
-        for dataset, questions in data.items():
-            ref_q = ref.get(dataset, {})
-            common = sorted(set(questions) & set(ref_q))
-            if not common:
+        for dataset, by_seed in data.items():
+            ref_seeds = ref.get(dataset, {})
+            common = _common(by_seed, ref_seeds)
+            if not ref_seeds or not common:
                 continue
             entry = {
                 "arm": arm,
@@ -223,15 +180,17 @@ def write_report(
                 "engine": engine,
                 "dataset": dataset,
                 "n": len(common),
+                "seeds": len(by_seed),
+                "reference_seeds": len(ref_seeds),
             }
             for k in METRICS:
-                stats = paired_ratio([questions[q][k] for q in common], [ref_q[q][k] for q in common], **opts)
-                entry[k] = stats
+                entry[k] = compare(_matrix(by_seed, common, k), _matrix(ref_seeds, common, k), **opts)
             comparisons.append(entry)
     report = {
         "rows": rows,
         "comparisons": comparisons,
         "confidence": r.confidence,
+        "arms": arms or {},
         "manifest": manifest(cfg, records, evaluated),
     }
     md = report_markdown(report)
@@ -248,56 +207,76 @@ def write_report(
     return {"report": str(root / "report.json"), "rows": len(rows), "comparisons": len(comparisons)}
 
 
-def _pct(x: float) -> str:
-    return "–" if x != x else f"{100 * x:.1f}"
+def _pct(x: float | None) -> str:
+    return "–" if x is None or x != x else f"{100 * x:.1f}"
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+LEVELS = {
+    "questions": "questions resampled (one seed: training's own variance is not in it)",
+    "seeds x questions": "seeds, then questions resampled (training's variance included)",
+    "exact binomial": "every score 0 (or 1): the exact binomial bound",
+}
 
 
 def report_markdown(report: dict[str, Any]) -> str:
     level = round(100 * report["confidence"])
-    lines = [
-        f"### Held-out scores ({level}% bootstrap intervals over questions)",
+    lines = []
+    if report.get("arms"):
+        lines += ["### Arms (what each changes against the base recipe)", ""]
+        lines += [f"- `{arm}`: {change}" for arm, change in report["arms"].items()]
+        lines.append("")
+    lines += [
+        f"### Held-out scores ({level}% intervals; the levels column says what each resamples)",
         "",
-        "| arm | engine | dataset | n | seeds | EM | F1 | cover-EM |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | engine | dataset | n | seeds | EM | F1 | cover-EM | levels (EM) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in sorted(report["rows"], key=lambda r: (r["dataset"], r["engine"], r["arm"])):
         cells = [f"{_pct(row[k])} [{_pct(row[k + '_low'])}, {_pct(row[k + '_high'])}]" for k in METRICS]
         lines.append(
             f"| {row['arm']} | {row['engine']} | {row['dataset']} | {row['n']} | {row['seeds']} | "
             + " | ".join(cells)
-            + " |"
+            + f" | {row['em_levels']} |"
         )
+    used = sorted({row["em_levels"] for row in report["rows"]})
+    lines += ["", *[f"- {name}: {LEVELS[name]}" for name in used]]
     if report["comparisons"]:
         lines += [
             "",
             f"### Paired against `{report['comparisons'][0]['reference']}` (same questions; {level}% intervals)",
             "",
-            "| arm | engine | dataset | n | EM ratio | EM difference | F1 ratio | F1 difference |",
-            "|---|---|---|---|---|---|---|---|",
+            "| arm | engine | dataset | n | seeds | EM difference | EM ratio | detectable at 80% power | F1 difference | levels |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in sorted(report["comparisons"], key=lambda c: (c["dataset"], c["engine"], c["arm"])):
-            cells = []
-            for k in ("em", "f1"):
-                s = c[k]
-                cells.append(f"{_pct(s['ratio'])}% [{_pct(s['ratio_low'])}, {_pct(s['ratio_high'])}]")
-                cells.append(
-                    f"{100 * s['diff']:+.1f} [{100 * s['diff_low']:+.1f}, {100 * s['diff_high']:+.1f}]"
-                )
+            em, f1 = c["em"], c["f1"]
+            ratio = (
+                f"{_pct(em['ratio'])}% [{_pct(em['ratio_low'])}, {_pct(em['ratio_high'])}]"
+                if em["ratio_reliable"]
+                else "unreliable (the reference resamples to 0)"
+            )
             lines.append(
-                f"| {c['arm']} | {c['engine']} | {c['dataset']} | {c['n']} | " + " | ".join(cells) + " |"
+                f"| {c['arm']} | {c['engine']} | {c['dataset']} | {c['n']} | {c['seeds']} vs {c['reference_seeds']} | "
+                f"{_pts(em['diff'])} [{_pts(em['diff_low'])}, {_pts(em['diff_high'])}] | {ratio} | "
+                f"±{100 * em['detectable']:.1f} | {_pts(f1['diff'])} [{_pts(f1['diff_low'])}, {_pts(f1['diff_high'])}] | "
+                f"{em['levels']} |"
             )
         lines += ["", "Sentences:", ""]
         for c in sorted(report["comparisons"], key=lambda c: (c["dataset"], c["engine"], c["arm"])):
-            s = c["em"]
-            if s["ratio"] == s["ratio"]:
+            s, where = c["em"], f"on {c['dataset']} with {c['engine']}"
+            diff = f"{_pts(s['diff'])} EM points [{_pts(s['diff_low'])}, {_pts(s['diff_high'])}]"
+            if s["ratio_reliable"]:
                 lines.append(
                     f"- {c['arm']} reaches {_pct(s['ratio'])}% of {c['reference']}'s EM "
-                    f"[{_pct(s['ratio_low'])}%, {_pct(s['ratio_high'])}%] on {c['dataset']} with {c['engine']}"
+                    f"[{_pct(s['ratio_low'])}%, {_pct(s['ratio_high'])}%] {where} ({diff})"
                 )
             else:
                 lines.append(
-                    f"- {c['reference']} scores 0 EM on {c['dataset']} with {c['engine']}: "
-                    f"{c['arm']} differs by {100 * s['diff']:+.1f} points [{100 * s['diff_low']:+.1f}, {100 * s['diff_high']:+.1f}]"
+                    f"- {c['reference']}'s EM {where} can resample to 0, so no ratio: {c['arm']} differs by {diff}"
                 )
     stages = report["manifest"]["stages"]
     if stages:
@@ -306,15 +285,30 @@ def report_markdown(report: dict[str, Any]) -> str:
             "",
             f"### Stages ({total / 60:.1f} min in all)",
             "",
-            "| stage | minutes | other processes' CPU |",
-            "|---|---|---|",
+            "| stage | minutes | other processes' CPU | code |",
+            "|---|---|---|---|",
         ]
+        current = report["manifest"].get("code", {})
         for name, s in stages.items():
             others = s.get("others_cpu")
             attempts = s.get("attempts", 1)
             minutes = f"{s['seconds'] / 60:.1f}" + (f" ({attempts} attempts)" if attempts > 1 else "")
-            lines.append(f"| {name} | {minutes} | {'?' if others is None else f'{others:.0%}'} |")
+            lines.append(
+                f"| {name} | {minutes} | {'?' if others is None else f'{others:.0%}'} | {_code(s.get('code'), current)} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def _code(code: dict[str, Any] | None, current: dict[str, Any]) -> str:
+    """A stage's code version, flagged when it is not the one the report was written with."""
+    if not code:
+        return "not recorded"
+    text = code.get("commit", "")[:10] or f"zerosim {code.get('version')}"
+    if code.get("dirty"):
+        text += " (uncommitted changes)"
+    if code.get("commit") != current.get("commit") or code.get("version") != current.get("version"):
+        text += " **other code than this report's**"
+    return text
 
 
 def plot_report(rows: Sequence[dict[str, Any]], path: Path, reference: str) -> None:

@@ -122,7 +122,7 @@ def run_experiment(
     """
     import mlflow
 
-    from zerosim.core.tracking import configure, mlflow_run
+    from zerosim.core.tracking import code_version, configure, mlflow_run
 
     root = Path(cfg.output_dir) / cfg.name
     stages = build_stages(cfg, root)
@@ -141,6 +141,7 @@ def run_experiment(
 
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}
+        code = code_version()
         for i, stage in enumerate(stages, 1):
             current = status(stage, root, stages)
             if current == "reuse":
@@ -173,6 +174,7 @@ def run_experiment(
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "config": plain(stage.config),
                 "outputs": result,
+                "code": code,  # which code ran it (not part of its key: the report flags other code)
             }
             stage.dir(root).mkdir(parents=True, exist_ok=True)
             atomic_write_text(stage.dir(root) / STAGE_FILE, json.dumps(record, indent=2, default=str))

@@ -22,7 +22,7 @@ from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
 from zerosim.core.config import EMBEDDED_MODEL, ConfigError, load_config
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName
-from zerosim.experiment.config import SIMULATOR_PLACEHOLDER, ExperimentConfig
+from zerosim.experiment.config import CURRICULUM_MEAN, SIMULATOR_PLACEHOLDER, ExperimentConfig
 from zerosim.experiment.keys import fingerprint
 from zerosim.experiment.kinds import KINDS, Kind, Stage
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
@@ -44,7 +44,7 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
     base = _base_recipe(cfg)
     warm = _train_config(cfg, base, [*cfg.warmstart, f"run.output_dir={root / 'stages'}", "run.name=warmstart"], "warmstart")  # fmt: skip
     start = _warmstart(warm, root, stages)
-    policies = _arms(cfg, root, base, start, simulator, stages)
+    policies = _arms(cfg, root, base, warm, start, simulator, stages)
     _evals(cfg, root, warm, policies, stages)
     _baselines(cfg, root, warm, stages)
     evals = [s.name for s in stages if s.kind == Kind.eval]
@@ -88,8 +88,13 @@ def _base_recipe(cfg: ExperimentConfig) -> Path:
 
 
 def _train_config(cfg: ExperimentConfig, base: Path, extra: Sequence[str], where: str) -> TrainConfig:
-    """The base recipe with the experiment's overrides, then ``extra``."""
-    t = _job_config(TrainConfig, base, [*cfg.overrides, *extra], where)
+    """The base recipe on ``train_split``, with the experiment's overrides, then ``extra``."""
+    split = (
+        []
+        if cfg.train_split is None
+        else [f"data.split={cfg.train_split}", f"warmstart.split={cfg.train_split}"]
+    )
+    t = _job_config(TrainConfig, base, [*split, *cfg.overrides, *extra], where)
     return replace(t, tracking=_tracked(t.tracking, cfg), runtime=cfg.runtime)
 
 
@@ -99,7 +104,8 @@ def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source
     if cfg.simulator.model is not None:
         return Source(cfg.simulator.model)
     s, d = cfg.simulator, root / "stages"
-    overrides = ["search.engine=bm25", "split=train", *s.collect, f"out={d / 'sim-collect' / 'sft.jsonl'}"]
+    split = f"split={cfg.train_split or 'train'}"
+    overrides = ["search.engine=bm25", split, *s.collect, f"out={d / 'sim-collect' / 'sft.jsonl'}"]
     collect = _job_config(SimulatorCollectConfig, None, overrides, "simulator.collect")
     collect = Stage("sim-collect", Kind.collect, replace(collect, runtime=cfg.runtime), [])
     data = collect.config.out
@@ -149,19 +155,46 @@ def _warmstart(warm: TrainConfig, root: Path, stages: list[Stage]) -> Source:
 
 
 # -- 3. the arms ---------------------------------------------------------------------------------------------
+def _curriculum_mean(recipe: TrainConfig) -> str:
+    """:data:`CURRICULUM_MEAN`: the base recipe's curriculum, averaged over the steps training draws at."""
+    from curricula import curriculum_schedule, mean_probability
+
+    steps = recipe.trainer.max_steps
+    try:
+        return f"{mean_probability(curriculum_schedule(recipe.curriculum, steps), steps):.6g}"
+    except ValueError as exc:
+        raise ConfigError(
+            f"{CURRICULUM_MEAN} in an arm's overrides: {exc}; give the noise level instead"
+        ) from None
+
+
+def _resolve(overrides: Sequence[str], simulator: Source, recipe: TrainConfig) -> list[str]:
+    """An arm's overrides with the experiment's placeholders filled in."""
+    out = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in overrides]
+    if any(CURRICULUM_MEAN in o for o in out):
+        mean = _curriculum_mean(recipe)
+        out = [o.replace(CURRICULUM_MEAN, mean) for o in out]
+    return out
+
+
 def _arms(
-    cfg: ExperimentConfig, root: Path, base: Path, start: Source, simulator: Source, stages: list[Stage]
+    cfg: ExperimentConfig,
+    root: Path,
+    base: Path,
+    recipe: TrainConfig,
+    start: Source,
+    simulator: Source,
+    stages: list[Stage],
 ) -> dict[tuple[str, int], Source]:
-    """A training stage per enabled arm and seed; returns each (arm, seed)'s policy."""
+    """A training stage per enabled arm and seed; returns each (arm, seed)'s policy. ``recipe``: the base
+    recipe with the experiment's overrides (its curriculum is what :data:`CURRICULUM_MEAN` averages)."""
     policies: dict[tuple[str, int], Source] = {}
     for name, arm in cfg.enabled_arms().items():
         for seed in cfg.seeds:
             if not arm.rl:
                 policies[(name, seed)] = start
                 continue
-            overrides = [
-                o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in arm.overrides
-            ]
+            overrides = _resolve(arm.overrides, simulator, recipe)
             if arm.uses_simulator:
                 overrides += [
                     f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
@@ -182,7 +215,10 @@ def _arms(
                 f"arms.{name}",
             )
             deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
-            stages.append(Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}))
+            stage = Stage(
+                stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=overrides
+            )
+            stages.append(stage)
             policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
     return policies
 
@@ -210,7 +246,7 @@ def _eval_config(
         *e.overrides,
     ]
     if e.limit is not None:
-        overrides.append(f"limit={e.limit}")
+        overrides += [f"limit={e.limit}", f"sample={e.sample}"]
     ev = _job_config(EvalConfig, None, overrides, "eval.overrides")
     return replace(
         ev,

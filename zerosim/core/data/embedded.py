@@ -9,7 +9,10 @@ from zerosim.core.config import EMBEDDED_DATA
 from zerosim.core.fsutil import build_once
 from zerosim.core.models import zerosim_home
 
-FACTBOOK_VERSION = "v2"  # bump when the builder's output changes, so caches rebuild
+FACTBOOK_VERSION = "v3"  # bump when the builder's output changes, so caches rebuild
+# train/dev/test: by question (a test question may share a fact with a training one); fact-train/fact-test: by
+# country, no fact shared (zerosim.core.data.factbook)
+SPLITS = ("train", "dev", "test", "fact-train", "fact-test")
 
 
 def factbook_dir() -> Path:
@@ -21,7 +24,7 @@ def ensure_factbook(progress: bool = True):
     from zerosim.core.data.factbook import build_factbook
 
     out = factbook_dir()
-    paths = {name: out / f"{name}.jsonl" for name in ("corpus", "train", "dev", "test")}
+    paths = {name.replace("-", "_"): out / f"{name}.jsonl" for name in ("corpus", *SPLITS)}
     build_once(
         out,
         done=lambda: all(p.is_file() for p in paths.values()),
@@ -36,6 +39,8 @@ class EmbeddedPaths:
     train: Path
     dev: Path
     test: Path
+    fact_train: Path
+    fact_test: Path
 
 
 def load_questions(source: str, split: str = "train", limit: int | None = None):
@@ -43,9 +48,9 @@ def load_questions(source: str, split: str = "train", limit: int | None = None):
     from zerosim.core.data.qa import DataError, load_qa
 
     if source == EMBEDDED_DATA:
-        if split not in ("train", "dev", "test"):  # checked before the first use builds the factbook
+        if split not in SPLITS:  # checked before the first use builds the factbook
             raise DataError(
-                f"the embedded factbook has splits train, dev, test; got split {split!r}: use one of them"
+                f"the embedded factbook has splits {', '.join(SPLITS)}; got split {split!r}: use one of them"
             )
-        return load_qa(getattr(ensure_factbook(), split), limit=limit)
+        return load_qa(getattr(ensure_factbook(), split.replace("-", "_")), limit=limit)
     return load_qa(source, split=split, limit=limit)

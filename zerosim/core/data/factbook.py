@@ -9,7 +9,11 @@ here in docs/data.md, "The source"). Output, in ``out_dir``:
   ~``CHUNK_WORDS``-word chunks of its own, titled ``"{Country} - {Section} - {Field}"``. Every field and
   every chunk starts with ``"{Country} - {Section} - {Field}: "`` so the country name is always retrievable.
   Ids are ``{code}-{section}-{i}`` (``pe-government-0``, ``pe-government-1`` ...).
-- ``train.jsonl`` / ``dev.jsonl`` / ``test.jsonl``: ``{"id", "question", "golden_answers", "metadata"}``.
+- ``train.jsonl`` / ``dev.jsonl`` / ``test.jsonl``: ``{"id", "question", "golden_answers", "metadata"}``,
+  split ~80/10/10 by a hash of the question id (a test question may ask a fact a training one asks too).
+- ``fact-train.jsonl`` / ``fact-test.jsonl``: the same questions split by country (~80/20 by a hash of the
+  country code), so no (country, attribute) fact of a ``fact-test`` question — its answer's or its bridge's —
+  is asked or used by any ``fact-train`` question: held-out facts for experiments.
   Single-hop questions ask one field of one country ("What is the capital of Peru?"); two-hop questions
   name the country through another field whose value is unique ("... of the country whose capital is
   Lima?"). Every gold answer occurs (after :func:`~zerosim.core.metrics.normalize_answer`) in a passage of that
@@ -43,6 +47,8 @@ MAX_PASSAGE_WORDS = 150  # a field longer than this (prefix included) is cut int
 CHUNK_WORDS = 110  # ... of about this many words (prefix included), at sentence or clause ends where possible
 FIELD_SEP = " | "  # between packed fields: keeps a passage on one line in "Doc i (Title: t) text" prompts
 SPLIT_PERCENT = {"train": 80, "dev": 10, "test": 10}
+# by country: every question about a held-out country (its answer and any bridge are that country's facts)
+FACT_SPLIT_PERCENT = {"fact-train": 80, "fact-test": 20}
 SKIP_QA_CODES = frozenset({"xx", "ee"})  # World and European Union: not countries, no Country name
 
 # Names for entries whose conventional short form is missing, "none" or awkward in a question.
@@ -72,10 +78,14 @@ class FactbookPaths:
     train: Path
     dev: Path
     test: Path
+    fact_train: Path
+    fact_test: Path
     num_passages: int
     num_train: int
     num_dev: int
     num_test: int
+    num_fact_train: int
+    num_fact_test: int
 
 
 @dataclass(frozen=True)
@@ -412,15 +422,25 @@ def _pick(options: tuple[str, ...], key: str) -> str:
     return options[int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % len(options)]
 
 
-def split_of(qid: str) -> str:
-    """train / dev / test by a sha256 hash of the question id (~80/10/10, independent of the seed)."""
-    bucket = int(hashlib.sha256(qid.encode()).hexdigest()[:8], 16) % 100
+def _bucket(key: str, percents: dict[str, int]) -> str:
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100
     cumulative = 0
-    for split, percent in SPLIT_PERCENT.items():
+    for split, percent in percents.items():
         cumulative += percent
         if bucket < cumulative:
             return split
-    raise AssertionError("SPLIT_PERCENT must sum to 100")
+    raise AssertionError("split percentages must sum to 100")
+
+
+def split_of(qid: str) -> str:
+    """train / dev / test by a sha256 hash of the question id (~80/10/10, independent of the seed)."""
+    return _bucket(qid, SPLIT_PERCENT)
+
+
+def fact_split_of(code: str) -> str:
+    """fact-train / fact-test by a sha256 hash of the country code (~80/20, independent of the seed): every
+    fact of a country, and so every question about it, falls on one side."""
+    return _bucket(f"country:{code}", FACT_SPLIT_PERCENT)
 
 
 def _evidence(passages: list[Passage], normalized: dict[str, str], answer: str, kind: str) -> list[str]:
@@ -497,7 +517,8 @@ def _data_files() -> list[tuple[str, dict]]:
 
 
 def build_factbook(out_dir: str | Path, *, seed: int = 0, progress: bool = True) -> FactbookPaths:
-    """Build ``corpus.jsonl`` and ``train/dev/test.jsonl`` in ``out_dir`` (see the module docstring).
+    """Build ``corpus.jsonl``, ``train/dev/test.jsonl`` and ``fact-train/fact-test.jsonl`` in ``out_dir`` (see
+    the module docstring).
 
     ``seed`` picks question phrasings; splits depend only on question ids. Files are written into a
     temporary folder beside ``out_dir`` and moved in only when complete: a fresh ``out_dir`` appears whole
@@ -519,9 +540,10 @@ def build_factbook(out_dir: str | Path, *, seed: int = 0, progress: bool = True)
         raise AssertionError("duplicate passage ids: two fields slug to the same id")
 
     questions = make_questions(names, values, by_code, seed)
-    splits: dict[str, list[dict]] = {split: [] for split in SPLIT_PERCENT}
+    splits: dict[str, list[dict]] = {split: [] for split in [*SPLIT_PERCENT, *FACT_SPLIT_PERCENT]}
     for row in sorted(questions, key=lambda r: r["id"]):
         splits[split_of(row["id"])].append(row)
+        splits[fact_split_of(row["id"].split("-")[0])].append(row)  # ids are {code}-{kind}
 
     corpus = [{"id": p.id, "contents": f"{p.title}\n{p.text}"} for p in passages]
     outputs = {"corpus.jsonl": corpus, **{f"{split}.jsonl": rows for split, rows in splits.items()}}
@@ -543,8 +565,12 @@ def build_factbook(out_dir: str | Path, *, seed: int = 0, progress: bool = True)
         train=out_dir / "train.jsonl",
         dev=out_dir / "dev.jsonl",
         test=out_dir / "test.jsonl",
+        fact_train=out_dir / "fact-train.jsonl",
+        fact_test=out_dir / "fact-test.jsonl",
         num_passages=len(passages),
         num_train=len(splits["train"]),
         num_dev=len(splits["dev"]),
         num_test=len(splits["test"]),
+        num_fact_train=len(splits["fact-train"]),
+        num_fact_test=len(splits["fact-test"]),
     )

@@ -237,6 +237,23 @@ def load_qa(source: str | Path, split: str | None = None, limit: int | None = No
     return examples
 
 
+def sample_examples(examples: list[QAExample], n: int, *, seed: int, by: str = "hops") -> list[QAExample]:
+    """``n`` of ``examples`` drawn at random (seeded), each ``metadata[by]`` stratum keeping its share (scikit-
+    learn's stratified split), in their original order; all of them when ``n`` covers them. Rows without
+    ``metadata[by]``, or strata too small to split, are sampled without stratification."""
+    if n >= len(examples):
+        return list(examples)
+    from sklearn.model_selection import train_test_split
+
+    strata = [ex.metadata.get(by) for ex in examples]
+    counts = {s: strata.count(s) for s in set(strata)}
+    splittable = min(counts.values()) >= 2 and len(counts) <= min(n, len(examples) - n)
+    stratify = strata if None not in counts and splittable else None
+    index = list(range(len(examples)))
+    kept, _ = train_test_split(index, train_size=n, random_state=seed, stratify=stratify)
+    return [examples[i] for i in sorted(kept)]
+
+
 def load_corpus(path: str | Path) -> list[Document]:
     """Read a FlashRAG corpus (``{"id", "contents": "Title\\ntext"}`` per row; ``.jsonl`` or ``.parquet``)."""
     docs = []
