@@ -69,7 +69,10 @@ def test_two_level_intervals_hold_the_seeds_variance():
             covered[name] += iv.low <= truth <= iv.high
             widths[name].append(iv.high - iv.low)
     assert covered["two"] > covered["one"] + 60, covered  # the question-only interval misses the truth often
-    assert np.mean(widths["two"]) > 2 * np.mean(widths["one"]), (np.mean(widths["two"]), np.mean(widths["one"]))
+    assert np.mean(widths["two"]) > 2 * np.mean(widths["one"]), (
+        np.mean(widths["two"]),
+        np.mean(widths["one"]),
+    )
     assert covered["one"] / 200 < 0.6
 
 
@@ -186,7 +189,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     # what each arm changes, the levels every interval covers, and which code ran each stage
     assert set(report["arms"]) == arms and "`search.engine=bm25`" in report["arms"]["real"]
     assert all(row["em_levels"] in ("questions", "exact binomial") for row in report["rows"])
-    assert manifest["code"]["version"] and all(s["code"] == manifest["code"] for s in manifest["stages"].values())
+    assert manifest["code"]["version"] and all(
+        s["code"] == manifest["code"] for s in manifest["stages"].values()
+    )
     assert (root / "report.png").stat().st_size > 1000
 
     # MLflow: one parent run, every job run nested under it
@@ -475,3 +480,50 @@ def test_a_continued_stage_counts_the_time_of_the_attempt_that_was_killed(tmp_pa
     with StageClock(folder, continuing=False) as clock:  # a re-run: the earlier attempts are not its own
         pass
     assert clock.attempts == 1 and clock.seconds() < 1
+
+
+def test_results_travel_by_export_and_import(tiny_experiment):
+    """Export the finished stages (no models), import them into a fresh output directory on "another
+    machine": the experiment finishes there with the same report, re-running nothing whose results came
+    along; a stage whose evaluation did not come along runs again, with the training it reads."""
+    import shutil
+
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment import build_stages, load_experiment, run_experiment
+    from zerosim.experiment.run import statuses
+    from zerosim.experiment.transfer import export_results, import_results
+
+    config, tmp_path = tiny_experiment
+    fewer = ["arms.mixed.enabled=false", "arms.sim-nocurriculum.enabled=false"]
+    here = load_experiment(config, fewer)
+    first = run_experiment(here, echo=lambda line: None)
+    out = tmp_path / "export"
+    written = export_results(build_stages(here, first.root), first.root, out, name=here.name)
+    assert "report" in written and "train-real-s0" in written
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert not any("final" in p.parts or p.suffix == ".safetensors" for p in files)  # no model travels
+    assert str(first.root) not in (out / "train-real-s0" / "stage.json").read_text()
+    shutil.rmtree(out / "report")  # the report is written where the results meet
+
+    there = load_experiment(config, [*fewer, f"output_dir={tmp_path / 'elsewhere'}"])
+    root = tmp_path / "elsewhere" / there.name
+    brought = import_results(build_stages(there, root), root, out, name=there.name)
+    assert set(brought) == set(written) - {"report"}
+    second = run_experiment(there, echo=lambda line: None)
+    assert second.ran == ["report"]  # the models stayed behind: nothing that read them had to run
+    for key in ("rows", "comparisons", "arms"):
+        assert second.report[key] == first.report[key], key
+
+    shutil.rmtree(out / "eval-real-s0-bm25")  # an evaluation that did not come along needs its model
+    third = tmp_path / "third" / there.name
+    stages = build_stages(there, third)
+    import_results(stages, third, out, name=there.name)
+    state = statuses(stages, third)
+    assert state["eval-real-s0-bm25"] == "run"
+    assert state["train-real-s0"] == state["warmstart"] == "re-run"  # what it reads, up the chain
+    assert state["train-sim-s0"] == "reuse"  # its model is absent too, but every reader is reused
+
+    with pytest.raises(ConfigError, match="export.json"):
+        import_results(stages, third, tmp_path, name=there.name)
+    with pytest.raises(ConfigError, match="not 'other'"):
+        import_results(stages, third, out, name="other")

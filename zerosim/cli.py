@@ -225,13 +225,27 @@ def experiment(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the stages, what will be reused and an estimated time; run nothing."
     ),
+    export: Path = typer.Option(
+        None, "--export", help="Write the finished stages' results (no models) to this folder, then stop."
+    ),
+    import_: list[Path] = typer.Option(
+        None, "--import", help="Bring results written by --export into this experiment first (repeatable)."
+    ),
 ) -> None:
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
     from zerosim.core.runtime import apply_threads
     from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
+    from zerosim.experiment.transfer import export_results, import_results
 
     cfg = load_experiment(config, overrides or [])
     root = Path(cfg.output_dir) / cfg.name
+    if export is not None:
+        written = export_results(build_stages(cfg, root), root, export, name=cfg.name)
+        console.print(f"[bold green]exported[/] {len(written)} finished stages to {export}")
+        return
+    for source in import_ or []:
+        brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
+        console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
     if dry_run:
         from rich.console import Console
         from rich.table import Table

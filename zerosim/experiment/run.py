@@ -29,12 +29,34 @@ def describe(stage: Stage) -> str:
     return KINDS[stage.kind].describe(stage)
 
 
+def _model_absent(record: dict[str, Any] | None) -> bool:
+    """Whether a finished stage's model (``outputs.path``) is not on this machine (its results were imported)."""
+    path = ((record or {}).get("outputs") or {}).get("path")
+    return isinstance(path, str) and not Path(path).exists()
+
+
+def statuses(stages: Sequence[Stage], root: Path) -> dict[str, str]:
+    """Each stage's :func:`~zerosim.experiment.keys.status`, and one more rule: a reused stage whose model is
+    absent (it ran on another machine) runs again when a stage that reads it has to run; while every stage
+    that reads it is reused, it is not."""
+    state = {s.name: status(s, root, stages) for s in stages}
+    by_name = {s.name: s for s in stages}
+    for stage in reversed(stages):  # readers before what they read: a re-run reaches up the chain
+        if state[stage.name] == "reuse":
+            continue
+        for dep in stage.deps:
+            if state.get(dep) == "reuse" and _model_absent(read_stage(by_name[dep], root)):
+                state[dep] = "re-run"
+    return state
+
+
 def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
     """(stage, status, estimate, what) for ``--dry-run``."""
     est = estimates(stages, root)
+    state_of = statuses(stages, root)
     rows = []
     for stage in stages:
-        state = status(stage, root, stages)
+        state = state_of[stage.name]
         seconds = 0.0 if state == "reuse" else est[stage.name]
         rows.append(
             (stage.name, state, f"{seconds / 60:.1f} min", describe(stage).replace(str(root), "<root>"))
@@ -142,8 +164,9 @@ def run_experiment(
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}
         code = code_version()
+        state_of = statuses(stages, root)
         for i, stage in enumerate(stages, 1):
-            current = status(stage, root, stages)
+            current = state_of[stage.name]
             if current == "reuse":
                 outputs[stage.name] = read_stage(stage, root)["outputs"]
                 reused.append(stage.name)

@@ -6,9 +6,12 @@ starts from (a :class:`Source`: a model, and the stages that produce it):
 
 1. the simulator — collect → SFT → DPO → quality (none when ``simulator.model`` names one);
 2. the shared warm start (none when the base recipe turns it off);
-3. one training stage per arm × seed, from the warm start (``rl: false`` arms take the warm start as it is);
+3. one training stage per arm × seed, from the warm start (``rl: false`` arms take the warm start as it is,
+   evaluated once);
 4. every arm's policy evaluated with each real engine, and the untrained policy's baselines;
 5. the report, over every eval stage.
+
+Each policy's evaluation runs right after the stage that produces it (:func:`_run_order`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
     policies = _arms(cfg, root, base, warm, start, simulator, stages)
     _evals(cfg, root, warm, policies, stages)
     _baselines(cfg, root, warm, stages)
+    stages = _run_order(stages)
     evals = [s.name for s in stages if s.kind == Kind.eval]
     stages.append(Stage("report", Kind.report, None, evals, meta={"report": asdict(cfg.report)}))
     keys: dict[str, str] = {}
@@ -168,13 +172,12 @@ def _curriculum_mean(recipe: TrainConfig) -> str:
         ) from None
 
 
-def _resolve(overrides: Sequence[str], simulator: Source, recipe: TrainConfig) -> list[str]:
-    """An arm's overrides with the experiment's placeholders filled in."""
-    out = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in overrides]
-    if any(CURRICULUM_MEAN in o for o in out):
-        mean = _curriculum_mean(recipe)
-        out = [o.replace(CURRICULUM_MEAN, mean) for o in out]
-    return out
+def _with_mean(overrides: Sequence[str], recipe: TrainConfig) -> list[str]:
+    """An arm's overrides with :data:`CURRICULUM_MEAN` filled in (what the report shows)."""
+    if not any(CURRICULUM_MEAN in o for o in overrides):
+        return list(overrides)
+    mean = _curriculum_mean(recipe)
+    return [o.replace(CURRICULUM_MEAN, mean) for o in overrides]
 
 
 def _arms(
@@ -191,14 +194,15 @@ def _arms(
     policies: dict[tuple[str, int], Source] = {}
     for name, arm in cfg.enabled_arms().items():
         for seed in cfg.seeds:
-            if not arm.rl:
-                policies[(name, seed)] = start
+            if not arm.rl:  # one policy, evaluated greedily: once, not once per seed
+                policies.setdefault((name, cfg.seeds[0]), start)
                 continue
-            overrides = _resolve(arm.overrides, simulator, recipe)
+            changes = _with_mean(arm.overrides, recipe)
             if arm.uses_simulator:
-                overrides += [
+                changes += [
                     f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
                 ]
+            overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
             stage_name = f"train-{name}-s{seed}"
             out = root / "stages" / stage_name
             train = _train_config(
@@ -216,11 +220,25 @@ def _arms(
             )
             deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
             stage = Stage(
-                stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=overrides
+                stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes
             )
             stages.append(stage)
             policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
     return policies
+
+
+def _run_order(stages: list[Stage]) -> list[Stage]:
+    """Each policy's evaluation right after the stage that produces it, so an experiment stopped part-way (a
+    kill, a session's end) leaves whole arms — trained and scored — to report and export. Baselines (they read
+    no stage) stay last."""
+    after: dict[str, list[Stage]] = {}
+    rest = []
+    for stage in stages:
+        if stage.kind == Kind.eval and stage.deps:
+            after.setdefault(stage.deps[-1], []).append(stage)
+        else:
+            rest.append(stage)
+    return [s for stage in rest for s in (stage, *after.get(stage.name, []))]
 
 
 # -- 4. evaluation -------------------------------------------------------------------------------------------
