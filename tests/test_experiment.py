@@ -527,3 +527,48 @@ def test_results_travel_by_export_and_import(tiny_experiment):
         import_results(stages, third, tmp_path, name=there.name)
     with pytest.raises(ConfigError, match="not 'other'"):
         import_results(stages, third, out, name="other")
+
+
+def test_the_curriculum_ablation_changes_one_thing_per_arm(tmp_path):
+    """configs/experiments/curriculum-ablation-cpu.yaml: the fixed-noise arm asks for the curriculum's mean
+    noise (computed from its schedule, not typed in) and differs from the curriculum arm in the schedule alone;
+    every arm trains on fact-train and is scored on all of fact-test; the untrained arm is scored once."""
+    from curricula import curriculum_schedule
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.keys import changed_settings
+    from zerosim.training.config import TrainConfig
+
+    cfg = load_experiment(
+        ROOT / "configs" / "experiments" / "curriculum-ablation-cpu.yaml", [f"output_dir={tmp_path}"]
+    )
+    stages = {s.name: s for s in build_stages(cfg, tmp_path / cfg.name)}
+    curriculum, matched = (
+        stages["train-sim-curriculum-s1"].config,
+        stages["train-sim-fixed-matched-s1"].config,
+    )
+    steps = curriculum.trainer.max_steps
+    schedule = curriculum_schedule(curriculum.curriculum, steps)
+    mean = sum(schedule.probability(i) for i in range(steps)) / steps
+    assert 0.05 < mean < 0.3 and matched.curriculum.p_end == pytest.approx(mean, rel=1e-5)
+    differ = (
+        changed_settings(matched, TrainConfig, missing=None).items()
+        ^ changed_settings(curriculum, TrainConfig, missing=None).items()
+    )
+    assert {k for k, _ in differ} - {"run.name", "run.output_dir"} == {
+        "curriculum.schedule",
+        "curriculum.p_end",
+    }
+    assert "`curriculum.p_end=0.107165`" in ", ".join(
+        f"`{c}`" for c in stages["train-sim-fixed-matched-s0"].changes
+    )
+    trains = [s for s in stages.values() if s.kind == "train"]
+    assert len(trains) == 9 and all(s.config.data.split == "fact-train" for s in trains)
+    assert [s.name for s in trains[:3]] == [
+        "train-real-s0",
+        "train-sim-curriculum-s0",
+        "train-sim-fixed-matched-s0",
+    ]
+    evals = [s for s in stages.values() if s.kind == "eval"]
+    assert len(evals) == 10 and sum(s.meta["arm"] == "none" for s in evals) == 1
+    assert all(s.config.split == "fact-test" and s.config.limit is None for s in evals)
+    assert stages["sim-collect"].config.split == "fact-train"

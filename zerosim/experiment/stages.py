@@ -192,38 +192,36 @@ def _arms(
     """A training stage per enabled arm and seed; returns each (arm, seed)'s policy. ``recipe``: the base
     recipe with the experiment's overrides (its curriculum is what :data:`CURRICULUM_MEAN` averages)."""
     policies: dict[tuple[str, int], Source] = {}
-    for name, arm in cfg.enabled_arms().items():
-        for seed in cfg.seeds:
-            if not arm.rl:  # one policy, evaluated greedily: once, not once per seed
-                policies.setdefault((name, cfg.seeds[0]), start)
-                continue
-            changes = _with_mean(arm.overrides, recipe)
-            if arm.uses_simulator:
-                changes += [
-                    f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
-                ]
-            overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
-            stage_name = f"train-{name}-s{seed}"
-            out = root / "stages" / stage_name
-            train = _train_config(
-                cfg,
-                base,
-                [
-                    *overrides,
-                    f"policy.model={start.model}",
-                    "warmstart.enabled=false",
-                    f"run.seed={seed}",
-                    f"run.output_dir={out}",
-                    f"run.name={name}",
-                ],
-                f"arms.{name}",
-            )
-            deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
-            stage = Stage(
-                stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes
-            )
-            stages.append(stage)
-            policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
+    # seed by seed: an experiment stopped part-way has the same seeds of every arm
+    for seed, (name, arm) in ((s, a) for s in cfg.seeds for a in cfg.enabled_arms().items()):
+        if not arm.rl:  # one policy, evaluated greedily: once, not once per seed
+            policies.setdefault((name, cfg.seeds[0]), start)
+            continue
+        changes = _with_mean(arm.overrides, recipe)
+        if arm.uses_simulator:
+            changes += [
+                f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
+            ]
+        overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
+        stage_name = f"train-{name}-s{seed}"
+        out = root / "stages" / stage_name
+        train = _train_config(
+            cfg,
+            base,
+            [
+                *overrides,
+                f"policy.model={start.model}",
+                "warmstart.enabled=false",
+                f"run.seed={seed}",
+                f"run.output_dir={out}",
+                f"run.name={name}",
+            ],
+            f"arms.{name}",
+        )
+        deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
+        stage = Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes)
+        stages.append(stage)
+        policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
     return policies
 
 
