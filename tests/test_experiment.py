@@ -572,3 +572,21 @@ def test_the_curriculum_ablation_changes_one_thing_per_arm(tmp_path):
     assert len(evals) == 10 and sum(s.meta["arm"] == "none" for s in evals) == 1
     assert all(s.config.split == "fact-test" and s.config.limit is None for s in evals)
     assert stages["sim-collect"].config.split == "fact-train"
+
+
+def test_the_manifest_names_the_code_and_flags_stages_from_other_code():
+    """Which code ran: the checkout's commit and whether tracked files differ from it (the package version
+    outside a checkout); the report's stage table flags a stage recorded under other code."""
+    from zerosim.core.tracking import code_version
+    from zerosim.experiment.report import _code
+
+    code = code_version()
+    assert code["version"]
+    if (ROOT / ".git").exists():
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    same = {"version": "0.1.0", "commit": "a" * 40, "dirty": False}
+    assert _code(same, same) == "a" * 10
+    assert "other code" in _code({**same, "commit": "b" * 40}, same)
+    assert "uncommitted" in _code({**same, "dirty": True}, same)
+    assert _code(None, same) == "not recorded"
