@@ -16,6 +16,7 @@ from pathlib import Path
 
 from curricula import curriculum_schedule, describe_curve
 from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url
+from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.models import describe_model
 from zerosim.engines import EngineName, check_noise_config, describe_rerank, preflight
 from zerosim.training.config import TrainConfig
@@ -65,7 +66,8 @@ def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
         return []
     j = cfg.reward.judge
     where = check_url(j.url or "", "reward.judge.url")
-    bound = j.retries * (j.connect_timeout + j.read_timeout)
+    retry = RetryPolicy.of(j)
+    bound = retry.retries * retry.attempt_timeout
     return [
         (
             "judge",
