@@ -188,7 +188,7 @@ class SimulatorTrainConfig:
     data: str = "outputs/simulator/sft.jsonl"
     # base LLM: HF id, local path, or "smollm2"
     model: str = EMBEDDED_MODEL
-    # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+    # the trained weights: auto | float32 = fp32 (bf16 compute on a GPU) | bfloat16 (LoRA's frozen base, or under DeepSpeed/FSDP)
     dtype: DType = DType.auto
     # checkpoint goes to <output_dir>/<name>/final
     output_dir: str = "outputs/simulator"

@@ -247,7 +247,8 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
         load_sft_dataset(cfg.data)
     tokenizer = load_tokenizer(cfg.model)
     tokenizer.padding_side = "right"  # training pads on the right; generation code sets its own side
-    model = load_causal_lm(cfg.model, cfg.dtype)
+    # the weights the optimizer steps stay fp32 (bf16 compute on a GPU, bf16=on_gpu); LoRA freezes the base
+    model = load_causal_lm(cfg.model, cfg.dtype, trained=not cfg.lora, key="dtype")
     out = Path(cfg.output_dir) / cfg.name
     target = out / "final"
     tags = {

@@ -344,3 +344,41 @@ def test_ppo_critic_shares_its_first_forward_with_gae(tmp_path, tiny_model_dir, 
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
     moved = [(p - q).abs().sum() for p, q in zip(critic.parameters(), initial.parameters(), strict=True)]
     assert sum(moved) > 0  # the critic did step
+
+
+def _one_optimizer_step(trainer) -> list[torch.Tensor]:
+    """Each weight's change over one AdamW step (lr 1e-6, the ZeroSearch recipes') of TRL's loss."""
+    trainer.args.learning_rate = 1e-6
+    trainer.create_optimizer()
+    before = [p.detach().float().clone() for p in trainer.model.parameters()]
+    accumulate(trainer)
+    trainer.optimizer.step()
+    return [p.detach().float() - b for p, b in zip(trainer.model.parameters(), before, strict=True)]
+
+
+def test_trained_weights_stay_fp32_so_small_updates_are_kept(tmp_path, tiny_model_dir, tokenizer, monkeypatch):
+    """The defect: AdamW stepping bf16 weights at lr 1e-6 leaves them where they were (an update ~1e-6 is far
+    below bf16's spacing near a weight of 0.02). The fix: a trained model's weights are fp32 on a GPU too
+    (``training_dtype``; bf16 only under DeepSpeed/FSDP, which keep fp32 masters) with the compute under bf16
+    autocast, and one step through SearchTrainer moves them as the all-fp32 step does."""
+    from zerosim.core.config import ConfigError
+    from zerosim.core.models import default_dtype, training_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_dtype("auto") == torch.bfloat16  # inference (evaluation, an in-process simulator)
+    assert training_dtype("auto") == training_dtype("float32") == torch.float32  # what AdamW steps
+    with pytest.raises(ConfigError, match="policy.dtype=bfloat16 .* DeepSpeed or FSDP"):
+        training_dtype("bfloat16")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert training_dtype("bfloat16") == torch.bfloat16
+    monkeypatch.undo()
+
+    lost = _one_optimizer_step(make_trainer(tmp_path / "a", tiny_model_dir, tokenizer, dtype=torch.bfloat16))
+    moved = sum(int((d != 0).sum()) for d in lost) / sum(d.numel() for d in lost)
+    assert moved < 0.02, f"{moved:.1%} of bf16 weights moved"
+
+    reference = _one_optimizer_step(make_trainer(tmp_path / "b", tiny_model_dir, tokenizer))
+    mixed = _one_optimizer_step(make_trainer(tmp_path / "c", tiny_model_dir, tokenizer, update_bf16=True))
+    ref, got = torch.cat([d.flatten() for d in reference]), torch.cat([d.flatten() for d in mixed])
+    assert (ref != 0).float().mean() > 0.9  # fp32 weights take the step
+    assert ((got - ref).abs() <= 1e-8).float().mean() > 0.97  # bf16 compute, fp32 weights: the same step

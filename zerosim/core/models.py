@@ -150,6 +150,41 @@ def default_dtype(requested: str = "auto") -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
+def sharded_optimizer() -> str | None:
+    """``"deepspeed"`` or ``"fsdp"`` when this process was started by ``accelerate launch`` with one (their
+    optimizers keep fp32 master weights of their own), else None."""
+    from accelerate.utils import parse_flag_from_env
+
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        return "deepspeed"
+    if parse_flag_from_env("ACCELERATE_USE_FSDP"):
+        return "fsdp"
+    return None
+
+
+def training_dtype(requested: str = "auto", *, key: str = "policy.dtype") -> torch.dtype:
+    """The dtype of a *trained* model's weights — what its optimizer steps — for ``requested`` (``key``).
+
+    ``auto`` and ``float32``: fp32 weights and optimizer state; the forward and backward run in bf16 under
+    autocast where ``trainer.bf16`` says (mixed precision). An AdamW update is about the learning rate per
+    weight (1e-6 in the ZeroSearch recipes) while bf16 resolves ~1e-4 on a weight of 0.02: stepped in bf16,
+    most updates round away and the run learns nothing. ``bfloat16``: bf16 weights, only under DeepSpeed or
+    FSDP, which step fp32 master copies of their own (:func:`sharded_optimizer`); anywhere else (one GPU,
+    plain DDP, CPU) it is refused."""
+    if requested != "bfloat16":
+        return torch.float32
+    if sharded_optimizer() is None:
+        from zerosim.core.config import ConfigError
+
+        raise ConfigError(
+            f"{key}=bfloat16 keeps the trained weights in bf16, and without DeepSpeed or FSDP (which keep fp32 "
+            "master copies) the optimizer would step them directly: updates near the learning rate round away. "
+            f"Fix: {key}=auto (fp32 weights, bf16 compute where trainer.bf16 says), or launch with a ZeRO/FSDP "
+            "config (configs/accelerate/zero2.yaml)"
+        )
+    return torch.bfloat16
+
+
 def load_tokenizer(name_or_path: str):
     """Tokenizer with a pad token and left padding (what batched generation needs)."""
     from transformers import AutoTokenizer
@@ -181,11 +216,15 @@ def format_chat_prompt(tokenizer, text: str) -> str:
     return tokenizer.apply_chat_template(_user_turn(text), add_generation_prompt=True, tokenize=False)
 
 
-def load_causal_lm(name_or_path: str, dtype: str = "auto"):
-    """A causal LM on the default device, in the default dtype for it."""
+def load_causal_lm(
+    name_or_path: str, dtype: str = "auto", *, trained: bool = False, key: str = "policy.dtype"
+):
+    """A causal LM on the default device: in the default dtype for inference, or — ``trained`` — in the
+    dtype its optimizer should step (:func:`training_dtype`; ``key`` names the setting in its refusal)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=default_dtype(dtype))
+    torch_dtype = training_dtype(dtype, key=key) if trained else default_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model

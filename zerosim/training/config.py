@@ -78,7 +78,7 @@ class RunConfig:
 class PolicyConfig:
     # HF id, local checkpoint path, or "smollm2" (embedded)
     model: str = EMBEDDED_MODEL
-    # auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16
+    # the trained weights: auto | float32 = fp32 (bf16 compute is trainer.bf16's) | bfloat16 (only under DeepSpeed/FSDP, which keep fp32 masters); in-process engines infer in it (auto: bf16 on GPU)
     dtype: DType = DType.auto
 
 

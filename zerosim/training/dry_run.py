@@ -77,6 +77,22 @@ def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
     ]
 
 
+def _precision(cfg: TrainConfig) -> str:
+    """What the optimizer steps and what the forward/backward compute in (:func:`training_dtype`)."""
+    if cfg.policy.dtype == "bfloat16":
+        weights = "bf16 weights (only under DeepSpeed/FSDP, which keep fp32 masters; refused elsewhere)"
+    else:
+        weights = "fp32 weights"
+    bf16 = cfg.trainer.bf16
+    if bf16 is False:
+        compute = "fp32 compute"
+    elif bf16:
+        compute = "bf16 compute (autocast)"
+    else:
+        compute = "bf16 compute on a GPU (autocast; on CPU only with AMX and beta = 0)"
+    return f"{weights}, {compute}"
+
+
 def _validation(cfg: TrainConfig) -> str:
     v = cfg.validation
     if not v.every:
@@ -154,7 +170,7 @@ def plan(
     dynamic = t.dynamic_sampling if t.dynamic_sampling is not None else spec.dynamic_sampling
     rows = [
         ("run", run),
-        ("policy", describe_model(cfg.policy.model) + f", dtype {cfg.policy.dtype}"),
+        ("policy", describe_model(cfg.policy.model) + f", {_precision(cfg)}"),
         ("warm start", _warmstart(cfg)),
         ("data", _data(cfg.data.train, cfg.data.split, "data.train", cfg.data.max_examples)),
         *preflight(cfg.search, total_steps=t.max_steps),  # what the build checks first, and its rows

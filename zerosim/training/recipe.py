@@ -375,7 +375,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             )
         policy_model = str(warmstart_checkpoint(cfg, output_dir))
     tokenizer = load_tokenizer(policy_model)
-    policy = load_causal_lm(policy_model, cfg.policy.dtype)
+    policy = load_causal_lm(policy_model, cfg.policy.dtype, trained=True)  # fp32 master weights
     c = cfg.curriculum
     schedule = curriculum_schedule(c, cfg.trainer.max_steps)
     mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source

@@ -104,10 +104,12 @@ class Critic(torch.nn.Module):
     def from_pretrained(cls, name_or_path: str, dtype: str = "auto") -> Critic:
         from transformers import AutoModelForTokenClassification
 
-        from zerosim.core.models import default_dtype, resolve_model
+        from zerosim.core.models import resolve_model, training_dtype
 
         model = AutoModelForTokenClassification.from_pretrained(
-            resolve_model(name_or_path), num_labels=1, dtype=default_dtype(dtype)
+            resolve_model(name_or_path),
+            num_labels=1,
+            dtype=training_dtype(dtype),  # it is trained too
         )
         torch.nn.init.zeros_(model.score.weight)  # start from V = 0 everywhere: no random value signal
         if getattr(model.score, "bias", None) is not None:

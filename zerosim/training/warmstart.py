@@ -128,7 +128,7 @@ def run_warmstart(
             f"no warm-start trajectory: no question of {cfg.data} ({cfg.split}) had a gold answer in its "
             f"clipped search results; raise warmstart.max_obs_tokens or set warmstart.grounded=false"
         )
-    model = load_causal_lm(policy)
+    model = load_causal_lm(policy, trained=True)  # fp32 weights: the SFT's optimizer steps them
     import torch
 
     on_gpu = torch.cuda.is_available()
