@@ -301,6 +301,8 @@ def test_rebuild_into_existing_dir(tmp_path, few_entries):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "corpus.jsonl",
         "dev.jsonl",
+        "fact-test.jsonl",
+        "fact-train.jsonl",
         "test.jsonl",
         "train.jsonl",
     ]
