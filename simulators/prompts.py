@@ -101,6 +101,16 @@ ZEROSEARCH_PROMPTS = SimulatorPrompts(
     useful_context=ZEROSEARCH_CONTEXT,
     noisy_context=ZEROSEARCH_CONTEXT,
 )
+# ZeroSearch's released simulators (sunhaonlp/Simulation_LLM_google_{3B,7B,14B}_V2, ...): trained on this layout
+ZEROSEARCH_RELEASE_MARK = "simulation_llm"
+
+
+def is_zerosearch_release(model: str | None) -> bool:
+    """Whether ``model`` (an HF id or a local folder named after one) is one of ZeroSearch's released
+    simulators, which learnt :data:`ZEROSEARCH_PROMPTS`' layout (``search.simulator.prompts=zerosearch``)."""
+    return model is not None and ZEROSEARCH_RELEASE_MARK in Path(model).name.lower()
+
+
 # ``search.simulator.prompts`` -> its templates (simulators.parsing.DOCUMENT_PARSERS has the same keys)
 PRESETS: dict[str, SimulatorPrompts] = {"default": SimulatorPrompts(), "zerosearch": ZEROSEARCH_PROMPTS}
 

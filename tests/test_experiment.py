@@ -590,3 +590,33 @@ def test_the_manifest_names_the_code_and_flags_stages_from_other_code():
     assert "other code" in _code({**same, "commit": "b" * 40}, same)
     assert "uncommitted" in _code({**same, "dirty": True}, same)
     assert _code(None, same) == "not recorded"
+
+
+def test_the_gpu_preset_trains_every_simulator_arm_against_its_simulator(tmp_path):
+    """configs/experiments/zerosearch-qwen2.5-3b.yaml names a ready simulator (simulator.model): every arm whose
+    searches the simulator answers — named in its overrides or not — is given it, with simulator.serve applied
+    and, for one of ZeroSearch's released simulators, their prompt layout; the real arm gets none of it."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    preset = ROOT / "configs" / "experiments" / "zerosearch-qwen2.5-3b.yaml"
+    released = "sunhaonlp/Simulation_LLM_google_14B_V2"
+    overrides = [
+        f"output_dir={tmp_path}",
+        "seeds=[0]",
+        f"simulator.model={released}",
+        "simulator.serve=[hint_min_coverage=0.5]",
+    ]
+    cfg = load_experiment(preset, overrides)
+    stages = {s.name: s for s in build_stages(cfg, tmp_path / cfg.name)}
+    assert not any(s.kind in ("collect", "sft", "dpo", "quality") for s in stages.values())  # a ready one
+    for arm in ("sim", "sim-nocurriculum", "mixed"):
+        sim = stages[f"train-{arm}-s0"].config.search.simulator
+        assert (sim.model, sim.prompts, sim.hint_min_coverage) == (released, "zerosearch", 0.5), arm
+    real = stages["train-real-s0"].config.search.simulator
+    assert real.model != released and real.hint_min_coverage == 0.0
+    # the preset's own simulator (a local folder, not a ZeroSearch release): given, in zerosim's layout
+    own = load_experiment(preset, [f"output_dir={tmp_path}", "seeds=[0]"])
+    sim = next(
+        s for s in build_stages(own, tmp_path / own.name) if s.name == "train-sim-s0"
+    ).config.search.simulator
+    assert (sim.model, sim.prompts) == ("simulators/zerosearch-simulator-14b", "default")

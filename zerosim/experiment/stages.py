@@ -180,6 +180,27 @@ def _with_mean(overrides: Sequence[str], recipe: TrainConfig) -> list[str]:
     return [o.replace(CURRICULUM_MEAN, mean) for o in overrides]
 
 
+def _trains_on_simulator(cfg: ExperimentConfig, base: Path, overrides: Sequence[str], name: str) -> bool:
+    """Whether an arm's searches are answered (in part) by the simulator: its search.engine, resolved."""
+    engine = _train_config(cfg, base, overrides, f"arms.{name}").search.engine
+    return EngineName(engine).simulated
+
+
+def _simulator_settings(cfg: ExperimentConfig, overrides: Sequence[str], simulator: Source) -> list[str]:
+    """What an arm that trains against the simulator is given: the experiment's simulator (unless the arm
+    names one), ZeroSearch's prompt layout for one of their released simulators (unless the arm picks a
+    preset), and ``simulator.serve``."""
+    from simulators.prompts import is_zerosearch_release
+
+    named = {o.split("=", 1)[0] for o in overrides}
+    out = []
+    if "search.simulator.model" not in named:
+        out.append(f"search.simulator.model={SIMULATOR_PLACEHOLDER}")
+    if is_zerosearch_release(simulator.model) and "search.simulator.prompts" not in named:
+        out.append("search.simulator.prompts=zerosearch")
+    return out + [f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve]
+
+
 def _arms(
     cfg: ExperimentConfig,
     root: Path,
@@ -198,10 +219,9 @@ def _arms(
             policies.setdefault((name, cfg.seeds[0]), start)
             continue
         changes = _with_mean(arm.overrides, recipe)
-        if arm.uses_simulator:
-            changes += [
-                f"search.simulator.{o.removeprefix('search.simulator.')}" for o in cfg.simulator.serve
-            ]
+        uses_simulator = arm.uses_simulator or _trains_on_simulator(cfg, base, changes, name)
+        if uses_simulator:
+            changes += _simulator_settings(cfg, changes, simulator)
         overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
         stage_name = f"train-{name}-s{seed}"
         out = root / "stages" / stage_name
@@ -218,7 +238,7 @@ def _arms(
             ],
             f"arms.{name}",
         )
-        deps = [*start.deps, *(simulator.deps if arm.uses_simulator else ())]
+        deps = [*start.deps, *(simulator.deps if uses_simulator else ())]
         stage = Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes)
         stages.append(stage)
         policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
