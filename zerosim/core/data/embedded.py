@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerosim.core.config import EMBEDDED_DATA
 from zerosim.core.fsutil import build_once
 from zerosim.core.models import zerosim_home
+
+if TYPE_CHECKING:
+    from zerosim.core.data.factbook import FactbookFiles
 
 FACTBOOK_VERSION = "v3"  # bump when the builder's output changes, so caches rebuild
 # train/dev/test: by question (a test question may share a fact with a training one); fact-train/fact-test: by
@@ -19,9 +22,9 @@ def factbook_dir() -> Path:
     return zerosim_home() / "data" / f"factbook-{FACTBOOK_VERSION}"
 
 
-def ensure_factbook(progress: bool = True):
+def ensure_factbook(progress: bool = True) -> FactbookFiles:
     """Paths of the embedded corpus and QA splits, building them on first use."""
-    from zerosim.core.data.factbook import build_factbook
+    from zerosim.core.data.factbook import FactbookFiles, build_factbook
 
     out = factbook_dir()
     paths = {name.replace("-", "_"): out / f"{name}.jsonl" for name in ("corpus", *SPLITS)}
@@ -30,17 +33,7 @@ def ensure_factbook(progress: bool = True):
         done=lambda: all(p.is_file() for p in paths.values()),
         build=lambda: build_factbook(out, progress=progress),
     )
-    return EmbeddedPaths(**paths)
-
-
-@dataclass(frozen=True)
-class EmbeddedPaths:
-    corpus: Path
-    train: Path
-    dev: Path
-    test: Path
-    fact_train: Path
-    fact_test: Path
+    return FactbookFiles(**paths)
 
 
 def load_questions(source: str, split: str = "train", limit: int | None = None):

@@ -71,8 +71,8 @@ DISPLAY_NAMES = {
 
 
 @dataclass(frozen=True)
-class FactbookPaths:
-    """Where :func:`build_factbook` wrote its files, and how many records each holds."""
+class FactbookFiles:
+    """The factbook's files: the corpus and each QA split (``fact-train`` as ``fact_train``)."""
 
     corpus: Path
     train: Path
@@ -80,6 +80,12 @@ class FactbookPaths:
     test: Path
     fact_train: Path
     fact_test: Path
+
+
+@dataclass(frozen=True)
+class FactbookPaths(FactbookFiles):
+    """Where :func:`build_factbook` wrote its files, and how many records each holds."""
+
     num_passages: int
     num_train: int
     num_dev: int
