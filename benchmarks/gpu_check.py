@@ -1,0 +1,327 @@
+"""The one-call device check: PASS/FAIL and figures for what only a GPU machine can show, in minutes.
+
+    python benchmarks/gpu_check.py            # on one NVIDIA GPU (benchmarks/gpu_check.sh installs the kit first)
+    python benchmarks/gpu_check.py --cpu      # the same script end to end on CPU, with a tiny model (the suite runs it)
+
+1. versions and the device;
+2. GRPO steps through ``SearchTrainer`` on a randomly initialised model of Qwen2.5-3B's shape (its config only:
+   no weights travel), fp32 weights and bf16 compute as ``zerosim train`` runs it: seconds per step and its
+   split (log-prob passes, update), policy tokens per second, peak GPU memory;
+3. precision (docs/scaling.md): one AdamW step at lr 1e-6 — bf16 weights barely move, fp32 weights with bf16
+   compute take the all-fp32 step;
+4. one PPO step with its critic: finite loss, the critic's weights move;
+5. zerosim's decode loop against transformers ``generate``: greedy tokens identical, and the speed ratio.
+
+Rollouts are synthetic (random prompt and completion ids with an environment-token mask), so the figures are
+the trainer's; ``benchmarks/step.py`` times whole steps with search. Exit code 0 when every check passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+QWEN25_3B = dict(  # Qwen/Qwen2.5-3B's config.json, the shape that matters for memory and speed
+    vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
+)  # fmt: skip
+TINY = dict(
+    vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+class Check:
+    def __init__(self) -> None:
+        self.results: list[tuple[str, bool, str]] = []
+        self.figures: dict[str, object] = {}
+
+    def record(self, name: str, ok: bool, detail: str) -> None:
+        self.results.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+
+
+def random_model(shape: dict, device: str, dtype=torch.float32, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(**shape, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).to(dtype)
+
+
+def synthetic_rollout(prompt_len: int, completion_len: int, vocab: int):
+    """A TRL ``rollout_func``: random prompt and completion ids; every 8th completion token an environment
+    token (out of the loss, as ``<information>`` tokens are)."""
+    g = torch.Generator().manual_seed(7)
+
+    def rollout(prompts, trainer):
+        n = len(prompts)
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        for _ in range(n):
+            out["prompt_ids"].append(torch.randint(10, vocab, (prompt_len,), generator=g).tolist())
+            out["completion_ids"].append(torch.randint(10, vocab, (completion_len,), generator=g).tolist())
+            out["logprobs"].append([0.0] * completion_len)
+            out["env_mask"].append([0 if j % 8 == 7 else 1 for j in range(completion_len)])
+        return out
+
+    return rollout
+
+
+def make_trainer(
+    model, tokenizer, out: Path, *, cpu: bool, steps: int, batch: int, completion: int, **kwargs
+):
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+
+    from zerosim.training.trainer import SearchTrainer
+
+    prompt_len = 64 if not cpu else 8
+    bf16 = kwargs.pop("bf16", not cpu)
+    args = GRPOConfig(
+        output_dir=str(out), beta=0.0, num_generations=4, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=2, max_completion_length=completion, max_steps=steps,
+        learning_rate=kwargs.pop("learning_rate", 1e-6), use_cpu=cpu, bf16=bf16, report_to=[], logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    logs: list[dict] = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs_=None, **kw):
+            logs.append(dict(kw.get("logs") or logs_ or {}))
+
+    rewards = torch.Generator().manual_seed(3)
+    trainer = SearchTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **kw: torch.rand(len(completions), generator=rewards).tolist()],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "q"}] * (batch * 2 * steps + batch * 2)),
+        processing_class=tokenizer,
+        rollout_func=synthetic_rollout(prompt_len, completion, min(model.config.vocab_size, len(tokenizer))),
+        callbacks=[Keep()],
+        **kwargs,
+    )
+    return trainer, logs
+
+
+def check_versions(check: Check, cpu: bool) -> None:
+    import transformers
+    import trl
+
+    device = (
+        "cpu"
+        if cpu
+        else f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB"
+    )
+    text = (
+        f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+        f"transformers {transformers.__version__}, trl {trl.__version__}; device: {device}"
+    )
+    check.figures["versions"] = text
+    check.record("versions", cpu or torch.cuda.is_available(), text)
+
+
+def check_grpo(check: Check, tokenizer, cpu: bool, steps: int, tmp: Path) -> None:
+    device = "cpu" if cpu else "cuda"
+    shape = TINY if cpu else QWEN25_3B
+    model = random_model(shape, device)  # fp32 weights: what the optimizer steps (training_dtype)
+    batch, completion = (4, 16) if cpu else (8, 512)
+    trainer, logs = make_trainer(
+        model, tokenizer, tmp / "grpo", cpu=cpu, steps=steps, batch=batch, completion=completion
+    )
+    if not cpu:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    per_step = [entry for entry in logs if "time/step_s" in entry]
+    last = per_step[-1] if per_step else {}
+    split = {
+        k.removeprefix("time/").removesuffix("_s"): round(v, 3)
+        for k, v in last.items()
+        if k.startswith("time/")
+    }
+    trajectories = batch * 2  # per optimizer step: micro-batch x accumulation
+    policy_tokens = trajectories * completion * 7 / 8  # the environment tokens are out of the loss
+    step_s = last.get("time/step_s", seconds / steps)
+    figures = {
+        "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+        "steps": steps,
+        "trajectories_per_step": trajectories,
+        "completion_tokens": completion,
+        "step_s": round(step_s, 3),
+        "split_s": split,
+        "policy_tokens_per_s": round(policy_tokens / step_s, 1),
+        "peak_gib": None if cpu else round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        "loss_finite": all(torch.isfinite(torch.tensor(e["loss"])).item() for e in logs if "loss" in e),
+    }
+    check.figures["grpo"] = figures
+    ok = len(per_step) == steps and figures["loss_finite"]
+    check.record("grpo steps", ok, json.dumps(figures))
+    del trainer, model
+    if not cpu:
+        torch.cuda.empty_cache()
+
+
+def check_precision(check: Check, tokenizer, cpu: bool, tmp: Path) -> None:
+    """bf16 weights stepped by AdamW at lr 1e-6 barely move; fp32 weights under bf16 autocast match fp32."""
+    device = "cpu" if cpu else "cuda"
+    small = dict(TINY, hidden_size=256, intermediate_size=512) if not cpu else TINY
+
+    def one_step(dtype, bf16: bool, name: str):
+        model = random_model(small, device, dtype)
+        before = [p.detach().float().clone() for p in model.parameters()]
+        extra = {"update_bf16": bf16} if cpu else {}  # on CPU SearchTrainer autocasts; on GPU TRL's bf16 does
+        trainer, _ = make_trainer(
+            model,
+            tokenizer,
+            tmp / name,
+            cpu=cpu,
+            steps=1,
+            batch=4,
+            completion=16,
+            bf16=bf16 and not cpu,
+            **extra,
+        )
+        trainer.train()
+        return torch.cat(
+            [
+                (p.detach().float() - b).flatten().cpu()
+                for p, b in zip(model.parameters(), before, strict=True)
+            ]
+        )
+
+    lost = one_step(torch.bfloat16, True, "bf16-weights")
+    reference = one_step(torch.float32, False, "fp32")
+    mixed = one_step(torch.float32, True, "mixed")
+    moved_bf16 = float((lost != 0).float().mean())
+    moved_fp32 = float((reference != 0).float().mean())
+    agree = float(((mixed - reference).abs() <= 1e-8).float().mean())
+    figures = {
+        "bf16_weights_moved": round(moved_bf16, 4),
+        "fp32_weights_moved": round(moved_fp32, 4),
+        "mixed_matches_fp32": round(agree, 4),
+    }
+    check.figures["precision"] = figures
+    check.record("precision", moved_bf16 < 0.05 and moved_fp32 > 0.9 and agree > 0.9, json.dumps(figures))
+
+
+def check_ppo(check: Check, tokenizer, cpu: bool, tmp: Path) -> None:
+    from zerosim.training.trainer import Critic
+
+    device = "cpu" if cpu else "cuda"
+    shape = TINY if cpu else dict(TINY, hidden_size=512, intermediate_size=1024, num_hidden_layers=4)
+    model = random_model(shape, device)
+    with tempfile.TemporaryDirectory() as folder:
+        random_model(shape, "cpu").save_pretrained(folder)
+        critic = Critic.from_pretrained(folder, "float32").to(device)
+    before = [p.detach().clone() for p in critic.parameters()]
+    trainer, logs = make_trainer(
+        model, tokenizer, tmp / "ppo", cpu=cpu, steps=1, batch=4, completion=16, algorithm="ppo", critic=critic,
+        critic_learning_rate=1e-4, learning_rate=1e-5,
+    )  # fmt: skip
+    trainer.train()
+    moved = any(not torch.equal(p.detach(), b) for p, b in zip(critic.parameters(), before, strict=True))
+    finite = all(torch.isfinite(torch.tensor(e["loss"])).item() for e in logs if "loss" in e)
+    check.record("ppo step", moved and finite, f"critic moved: {moved}, loss finite: {finite}")
+
+
+def check_decode(check: Check, tokenizer, cpu: bool) -> None:
+    from zerosim.core.generation import HFGenerator
+
+    device = "cpu" if cpu else "cuda"
+    shape = (
+        TINY
+        if cpu
+        else dict(TINY, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8)
+    )
+    model = random_model(shape, device, torch.float32 if cpu else torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(5)
+    prompts = [
+        torch.randint(10, 1000, (int(n),), generator=g).tolist()
+        for n in torch.randint(8, 64, (16,), generator=g)
+    ]
+    new_tokens = 16 if cpu else 128
+    timings, outputs = {}, {}
+    for decoder in ("zerosim", "transformers"):
+        gen = HFGenerator(model, tokenizer, temperature=0.0, decoder=decoder, logprobs=False)
+        gen.generate(prompts[:2], 4)  # warm-up
+        if not cpu:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        outputs[decoder] = [o.token_ids for o in gen.generate(prompts, new_tokens)]
+        if not cpu:
+            torch.cuda.synchronize()
+        timings[decoder] = time.perf_counter() - started
+    same = sum(a == b for a, b in zip(outputs["zerosim"], outputs["transformers"], strict=True))
+    ratio = timings["transformers"] / timings["zerosim"]
+    figures = {
+        "identical": f"{same}/{len(prompts)}",
+        "speedup_vs_generate": round(ratio, 2),
+        "seconds": {k: round(v, 3) for k, v in timings.items()},
+    }
+    check.figures["decode"] = figures
+    # greedy bf16 on a GPU may break a near-tie differently: most rows, not all, must agree there
+    check.record(
+        "decode loop", same == len(prompts) if cpu else same >= len(prompts) - 2, json.dumps(figures)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="run on CPU with a tiny model (the test suite's way)"
+    )
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps to time")
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder (default: the kit's, else smollm2)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        print("FAIL  device: torch sees no CUDA device (use --cpu for the CPU run)")
+        return 2
+    from zerosim.core.models import load_tokenizer
+
+    kit = Path(__file__).resolve().parents[1] / ".kit" / "tokenizer"
+    tokenizer = load_tokenizer(args.tokenizer or (str(kit) if kit.is_dir() and not args.cpu else "smollm2"))
+    check = Check()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        for name, run in (
+            ("versions", lambda: check_versions(check, args.cpu)),
+            ("grpo steps", lambda: check_grpo(check, tokenizer, args.cpu, args.steps, tmp)),
+            ("precision", lambda: check_precision(check, tokenizer, args.cpu, tmp)),
+            ("ppo step", lambda: check_ppo(check, tokenizer, args.cpu, tmp)),
+            ("decode loop", lambda: check_decode(check, tokenizer, args.cpu)),
+        ):
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others' figures
+                traceback.print_exc()
+                check.record(name, False, f"{type(exc).__name__}: {exc}")
+    passed = sum(ok for _, ok, _ in check.results)
+    total = len(check.results)
+    print(f"== {passed}/{total} checks passed in {time.perf_counter() - started:.0f} s", flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps({"results": check.results, "figures": check.figures}, indent=2, default=str)
+        )
+    return 0 if passed == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
