@@ -17,7 +17,7 @@ from zerosim.core.data.qa import sample_examples
 from zerosim.core.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.search import SearchEngine
-from zerosim.core.tracking import link_eval_table, log_config, log_jsonl, mlflow_run
+from zerosim.core.tracking import check_tracking_uri, link_eval_table, log_config, log_jsonl, mlflow_run
 
 
 @dataclass
@@ -180,6 +180,7 @@ def run_eval(
 
     torch.manual_seed(cfg.seed)
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
+    check_tracking_uri(cfg.tracking.tracking_uri)  # and the MLflow store it will write
     tokenizer = load_tokenizer(cfg.policy)
     model = load_causal_lm(cfg.policy, cfg.dtype)
     if cfg.method != "direct" and build_engine is None:

@@ -19,11 +19,20 @@ import pytest
 
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
 from zerosim.core.config import ConfigError, load_config, parse_range
+
+# the schemas a command loads (`zerosim train` / `policy warmstart`, `eval`, `simulator collect|train|eval`)
+from zerosim.experiment.config import ExperimentConfig  # noqa: E402
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
 from zerosim.training.config import TrainConfig, load_train_config
 
-# the schemas a command loads (`zerosim train` / `policy warmstart`, `eval`, `simulator collect|train|eval`)
-SCHEMAS = (TrainConfig, EvalConfig, SimulatorCollectConfig, SimulatorTrainConfig, SimulatorEvalConfig)
+SCHEMAS = (
+    TrainConfig,
+    EvalConfig,
+    SimulatorCollectConfig,
+    SimulatorTrainConfig,
+    SimulatorEvalConfig,
+    ExperimentConfig,
+)
 
 # -- every numeric field has a range --------------------------------------------------------------------------
 
@@ -95,7 +104,7 @@ def _range_cases():
     """One case per numeric field of each schema (the dict-valued reward.weights is tested below)."""
     for schema in SCHEMAS:
         for cls, name, key, hint in _numeric_fields(schema()):
-            if "dict" not in str(hint):
+            if "dict" not in str(hint) and "list" not in str(hint):  # each number of those: tested below
                 integer = float not in (hint, *typing.get_args(hint))
                 yield pytest.param(schema, cls, name, key, integer, id=f"{schema.__name__}:{key}")
 
@@ -202,6 +211,9 @@ def _fails_cleanly(result, *words):
 
 # (id, command line ({name} = a file of the fixture), words the message must hold)
 TRAIN_DRY_RUN = [
+    # an MLflow store that cannot be written: refused before the policy loads, not ~2 minutes in
+    ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "folder /nonexistent/dir does not exist"]),
+    ("mlflow-store-is-a-folder", ["tracking.tracking_uri=sqlite:////tmp"], ["tracking.tracking_uri", "is a folder"]),
     # item 8: values that used to pass --dry-run and die after the models loaded
     ("batch-size-0", ["trainer.per_device_train_batch_size=0"], ["trainer.per_device_train_batch_size", ">= 1", "got 0"]),
     ("learning-rate-negative", ["trainer.learning_rate=-1"], ["trainer.learning_rate must be > 0", "-1"]),
@@ -285,6 +297,36 @@ OTHER_COMMANDS = [
 @pytest.mark.parametrize("args, words", [c[1:] for c in OTHER_COMMANDS], ids=[c[0] for c in OTHER_COMMANDS])
 def test_other_commands_refuse_bad_values(cli, files, args, words):
     _fails_cleanly(cli(*_fill(args, files)), *words)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
+# an experiment's inputs that only a later stage reads: refused by --dry-run and before the first stage
+EXPERIMENT_INPUTS = [
+    ("eval-file-missing", ["eval.datasets=[flash/missing.jsonl]"], ["eval.datasets", "flash/missing.jsonl does not exist"]),
+    ("eval-split-unknown", ["eval.split=validation"], ["eval.datasets", "splits train, dev, test", "'validation'"]),
+    ("simulator-path-missing", ["simulator.model=./sims/none"], ["simulator.model", "./sims/none does not exist"]),
+    ("resamples-0", ["report.resamples=0"], ["report.resamples must be >= 100", "got 0"]),
+    ("resamples-1", ["report.resamples=1"], ["report.resamples must be >= 100"]),
+    ("seeds-twice", ["seeds=[0,0]"], ["seeds lists 0 more than once"]),
+    ("seed-negative", ["seeds=[0,-1]"], ["seeds[1] must be >= 0"]),
+    ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "does not exist"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, words", [c[1:] for c in EXPERIMENT_INPUTS], ids=[c[0] for c in EXPERIMENT_INPUTS]
+)
+def test_experiment_refuses_what_a_later_stage_would_read(cli, tmp_path, args, words):
+    """The dry run refuses it in one line; a real run refuses it before its first stage (nothing written)."""
+    from zerosim.experiment import load_experiment, run_experiment
+
+    base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path / 'exp'}"]
+    _fails_cleanly(cli("experiment", "--config", SMOKE, "--dry-run", *base, *args), *words)
+    with pytest.raises(Exception) as err:
+        run_experiment(load_experiment(SMOKE, [*base, *args]), echo=lambda line: None)
+    assert all(word in str(err.value) for word in words), str(err.value)
+    assert not (tmp_path / "exp").exists()
 
 
 def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path):

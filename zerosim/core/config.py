@@ -47,7 +47,7 @@ def check_url(url: str, what: str) -> str:
 def ranged(default: Any = dataclasses.MISSING, spec: str = "finite", why: str = "", **kwargs: Any) -> Any:
     """A dataclass field whose number must lie in ``spec`` (:func:`parse_range` notation), checked by
     :func:`load_config`; ``why`` is said with the range in errors and docs. ``None`` (where the field allows
-    it) always passes, nan and inf never do; a dict of numbers has each value checked."""
+    it) always passes, nan and inf never do; a dict or list of numbers has each value checked."""
     return dataclasses.field(default=default, metadata={"range": spec, "why": why}, **kwargs)
 
 
@@ -246,18 +246,24 @@ def _check_number(key: str, value: int | float, spec: str | None, why: str, base
 
 
 def _check_numbers(node: Any, prefix: str, base: DictConfig, layers) -> None:
-    """Every int / float field (and each number of a dict field) finite and within its :func:`ranged` range."""
+    """Every int / float field (and each number of a dict or list field) finite and within its :func:`ranged`
+    range."""
     for f in dataclasses.fields(node):
         value, key = getattr(node, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
             _check_numbers(value, f"{key}.", base, layers)
             continue
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, number in items:
+        if isinstance(value, dict):
+            items = [(f"{key}.{sub}", number) for sub, number in value.items()]
+        elif isinstance(value, list | tuple):
+            items = [(f"{key}[{i}]", number) for i, number in enumerate(value)]
+        else:
+            items = [(key, value)]
+        for where, number in items:
             if isinstance(number, bool) or not isinstance(number, int | float):
                 continue
             spec, why = f.metadata.get("range"), f.metadata.get("why", "")
-            _check_number(key if sub is None else f"{key}.{sub}", number, spec, why, base, layers)
+            _check_number(where, number, spec, why, base, layers)
 
 
 def _check_fields(node: Any, prefix: str) -> None:

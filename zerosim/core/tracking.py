@@ -311,3 +311,40 @@ def code_version() -> dict[str, Any]:
     out["commit"] = head.stdout.strip()
     out["dirty"] = bool(status.stdout.strip())
     return out
+
+
+def check_tracking_uri(uri: str | None, key: str = "tracking.tracking_uri") -> None:
+    """Refuse, before anything runs, a local MLflow store this process could not write: a sqlite file (or a
+    file store's folder) whose folder is missing or read-only, or a read-only file. Creates nothing; a
+    server URI (http, https, databricks) is the server's to answer."""
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    if not uri:
+        return
+    scheme = urlsplit(uri).scheme
+    if scheme == "sqlite":
+        path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+        what = "sqlite file"
+    elif scheme in ("", "file"):
+        path, what = Path(uri.removeprefix("file://")), "store folder"
+    else:
+        return
+    if path is None or str(path) in ("", ":memory:"):
+        return
+    path = path.expanduser()
+    target = path if path.exists() else path.parent
+    while not target.exists() and target != target.parent and what == "store folder":
+        target = target.parent  # mlflow makes a file store's missing folders
+    problem = None
+    if not target.exists():
+        problem = f"its folder {target} does not exist"
+    elif path.exists() and path.is_dir() and what == "sqlite file":
+        problem = f"{path} is a folder"
+    elif not os.access(target, os.W_OK):
+        problem = f"{target} is not writable"
+    if problem:
+        raise ConfigError(
+            f"{key}={uri}: MLflow could not write this {what}: {problem}. Fix: point {key} at a writable place, "
+            "e.g. sqlite:///mlflow.db (in the working directory)"
+        )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.config import Method, Sample
-from zerosim.core.config import ConfigError, load_config
+from zerosim.core.config import ConfigError, load_config, ranged
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName
@@ -82,7 +82,7 @@ class ExperimentEvalConfig:
     # default split of those datasets (the embedded factbook's fact-test: no fact shared with fact-train)
     split: str = "fact-test"
     # questions per dataset (which ones: sample); None = all
-    limit: int | None = None
+    limit: int | None = ranged(None, ">=1", "null = every question")
     # with limit: a random sample seeded by the first seed and stratified by hops (stratified), or the first N rows (first)
     sample: Sample = Sample.stratified
     # real engines every policy is evaluated with (bm25, dense, hybrid, http)
@@ -90,7 +90,7 @@ class ExperimentEvalConfig:
     # methods run on the untrained policy (direct, rag)
     baselines: list[Method] = field(default_factory=lambda: [Method.direct, Method.rag])
     # questions per batched rollout
-    batch_size: int = 16
+    batch_size: int = ranged(16, ">=1")
     # overrides of every `zerosim eval` stage
     overrides: list[str] = field(default_factory=list)
 
@@ -100,11 +100,11 @@ class ReportConfig:
     # the arm every other arm is compared with (paired, same questions)
     reference: str = "real"
     # bootstrap interval level
-    confidence: float = 0.95
-    # bootstrap resamples
-    resamples: int = 2000
+    confidence: float = ranged(0.95, "(0,1)")
+    # bootstrap resamples (fewer than 100 give intervals that can exclude their own mean)
+    resamples: int = ranged(2000, ">=100")
     # seeds the bootstrap
-    seed: int = 0
+    seed: int = ranged(0, ">=0")
 
 
 @dataclass
@@ -120,7 +120,7 @@ class ExperimentConfig:
     # train overrides for every arm (and the warm start)
     overrides: list[str] = field(default_factory=list)
     # one training run per arm and seed
-    seeds: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] = ranged(default_factory=lambda: [0], spec=">=0")
     # the split every training job reads — the arms' and warm start's data.split, warmstart.split, the simulator's collect split (fact-train: no fact shared with the eval default fact-test); None = as the base recipe and the jobs say
     train_split: str | None = "fact-train"
     # e.g. "accelerate launch --config_file configs/accelerate/zero2.yaml": each training stage runs as `<launcher> -m zerosim.cli train` (None: in this process)
@@ -156,6 +156,12 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
         )
     if not cfg.seeds:
         raise ConfigError("seeds is empty: give at least one, e.g. seeds=[0]")
+    twice = sorted({s for s in cfg.seeds if cfg.seeds.count(s) > 1})
+    if twice:
+        raise ConfigError(
+            f"seeds lists {', '.join(map(str, twice))} more than once: one run would count as several seeds and "
+            f"narrow every interval; give distinct seeds, e.g. seeds={sorted(set(cfg.seeds))}"
+        )
     if not cfg.eval.engines:
         raise ConfigError("eval.engines is empty: give at least one real engine, e.g. eval.engines=[bm25]")
     real = [e.value for e in EngineName if e.real]
@@ -165,6 +171,4 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
     bad = [m.value for m in cfg.eval.baselines if m == Method.agent]
     if bad:
         raise ConfigError(f"eval.baselines has {bad}; valid: direct, rag")
-    if not 0 < cfg.report.confidence < 1:
-        raise ConfigError(f"report.confidence must be in (0, 1), got {cfg.report.confidence}: e.g. 0.95")
     return cfg

@@ -50,8 +50,40 @@ def statuses(stages: Sequence[Stage], root: Path) -> dict[str, str]:
     return state
 
 
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """What a later stage would read, checked before the first one runs (and by ``--dry-run``): the held-out
+    datasets that are local files, a ready simulator given as a path, the MLflow store — so a typo does not
+    cost every training arm before the first evaluation stops on it."""
+    from eval.run import dataset_names
+    from zerosim.core.config import ConfigError
+    from zerosim.core.data.embedded import SPLITS
+    from zerosim.core.data.spec import parse_qa_spec
+    from zerosim.core.models import ModelError, resolve_model
+    from zerosim.core.tracking import check_tracking_uri
+
+    check_tracking_uri(cfg.tracking.tracking_uri)
+    for _, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
+        spec = parse_qa_spec(source, split)
+        if spec.path is not None and not spec.path.exists():
+            raise ConfigError(
+                f"eval.datasets: {source} does not exist; point it at a FlashRAG jsonl/parquet file or folder, "
+                "an HF dataset id, or factbook[:split]"
+            )
+        if spec.repo == "factbook" and spec.split not in SPLITS:
+            raise ConfigError(
+                f"eval.datasets: the embedded factbook has splits {', '.join(SPLITS)}, not {spec.split!r} "
+                "(eval.split or a :split suffix)"
+            )
+    if cfg.simulator.model is not None:
+        try:
+            resolve_model(cfg.simulator.model)
+        except ModelError as exc:
+            raise ConfigError(f"simulator.model: {exc}") from None
+
+
 def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
     """(stage, status, estimate, what) for ``--dry-run``."""
+    check_inputs(cfg)
     est = estimates(stages, root)
     state_of = statuses(stages, root)
     rows = []
@@ -148,6 +180,7 @@ def run_experiment(
 
     root = Path(cfg.output_dir) / cfg.name
     stages = build_stages(cfg, root)
+    check_inputs(cfg)
     root.mkdir(parents=True, exist_ok=True)
     state_path = root / EXPERIMENT_FILE
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}

@@ -18,6 +18,7 @@ from curricula import curriculum_schedule, describe_curve
 from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url
 from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.models import describe_model
+from zerosim.core.tracking import check_tracking_uri
 from zerosim.engines import EngineName, check_noise_config, describe_rerank, preflight
 from zerosim.training.config import TrainConfig
 
@@ -156,6 +157,7 @@ def plan(
     from zerosim.training.checkpoint import resume_point
 
     check_noise_config(cfg.search, c)  # a noisy curriculum over a retriever that would leave its slots empty
+    check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store the run will write
 
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
