@@ -28,7 +28,9 @@ def deepspeed_plugin(config_file: Path, monkeypatch):
         return None
     # as accelerate's launch_command does before it starts the DeepSpeed launcher
     fields = list(defaults.deepspeed_config) if defaults else []
-    args.deepspeed_fields_from_accelerate_config = ",".join([*fields, *(["mixed_precision"] if mp_from_config else [])])
+    args.deepspeed_fields_from_accelerate_config = ",".join(
+        [*fields, *(["mixed_precision"] if mp_from_config else [])]
+    )
     _, env = prepare_deepspeed_cmd_env(args)
     for key, value in env.items():
         if key.startswith("ACCELERATE_"):

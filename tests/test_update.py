@@ -356,7 +356,9 @@ def _one_optimizer_step(trainer) -> list[torch.Tensor]:
     return [p.detach().float() - b for p, b in zip(trainer.model.parameters(), before, strict=True)]
 
 
-def test_trained_weights_stay_fp32_so_small_updates_are_kept(tmp_path, tiny_model_dir, tokenizer, monkeypatch):
+def test_trained_weights_stay_fp32_so_small_updates_are_kept(
+    tmp_path, tiny_model_dir, tokenizer, monkeypatch
+):
     """The defect: AdamW stepping bf16 weights at lr 1e-6 leaves them where they were (an update ~1e-6 is far
     below bf16's spacing near a weight of 0.02). The fix: a trained model's weights are fp32 on a GPU too
     (``training_dtype``; bf16 only under DeepSpeed/FSDP, which keep fp32 masters) with the compute under bf16
