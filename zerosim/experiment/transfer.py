@@ -2,8 +2,8 @@
 DIR`` brings them into another output directory, where they are reused as if they had run there.
 
 What travels is what the report and the stages downstream read — each finished stage's record
-(``stage.json``), its per-question scores, samples, tables and collected data, its MLflow run ids (in the
-record) — and never a model: folders named ``final`` or ``checkpoint-*`` and weight files stay behind. Paths
+(``stage.json``), its per-question scores, tables and collected data, its MLflow run ids (in the record;
+the runs' artifacts stay in the MLflow store) — and never a model: folders named ``final`` or ``checkpoint-*`` and weight files stay behind. Paths
 under the experiment's folder are written as ``<root>`` and read back as the folder imported into, so arms run
 on different machines (one arm per GPU node, or one CPU machine after another) merge into one report.
 
