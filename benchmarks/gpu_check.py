@@ -93,11 +93,11 @@ def make_trainer(
         learning_rate=kwargs.pop("learning_rate", 1e-6), use_cpu=cpu, bf16=bf16, report_to=[], logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=0,
     )  # fmt: skip
-    logs: list[dict] = []
+    history: list[dict] = []
 
     class Keep(TrainerCallback):
-        def on_log(self, args, state, control, logs_=None, **kw):
-            logs.append(dict(kw.get("logs") or logs_ or {}))
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            history.append(dict(logs or {}))
 
     rewards = torch.Generator().manual_seed(3)
     trainer = SearchTrainer(
@@ -110,7 +110,7 @@ def make_trainer(
         callbacks=[Keep()],
         **kwargs,
     )
-    return trainer, logs
+    return trainer, history
 
 
 def check_versions(check: Check, cpu: bool) -> None:

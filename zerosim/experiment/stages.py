@@ -130,8 +130,9 @@ def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source
             "simulator.dpo_overrides",
             cfg,
         )
-        stages.append(Stage("sim-dpo", Kind.dpo, dpo, [collect.name, sft.name]))
-        simulator = Source(str(d / "sim-dpo" / "dpo" / "final"), ("sim-dpo",))
+        dpo = Stage("sim-dpo", Kind.dpo, dpo, [collect.name, sft.name])
+        stages.append(dpo)
+        simulator = Source(str(d / dpo.name / "dpo" / "final"), (dpo.name,))
     quality = _job(
         SimulatorEvalConfig,
         [
@@ -213,15 +214,21 @@ def _arms(
     """A training stage per enabled arm and seed; returns each (arm, seed)'s policy. ``recipe``: the base
     recipe with the experiment's overrides (its curriculum is what :data:`CURRICULUM_MEAN` averages)."""
     policies: dict[tuple[str, int], Source] = {}
+    # what each arm changes, resolved once (the same for every seed)
+    resolved: dict[str, tuple[list[str], bool]] = {}
+    for name, arm in cfg.enabled_arms().items():
+        if arm.rl:
+            changes = _with_mean(arm.overrides, recipe)
+            uses_simulator = arm.uses_simulator or _trains_on_simulator(cfg, base, changes, name)
+            if uses_simulator:
+                changes += _simulator_settings(cfg, changes, simulator)
+            resolved[name] = changes, uses_simulator
     # seed by seed: an experiment stopped part-way has the same seeds of every arm
     for seed, (name, arm) in ((s, a) for s in cfg.seeds for a in cfg.enabled_arms().items()):
         if not arm.rl:  # one policy, evaluated greedily: once, not once per seed
             policies.setdefault((name, cfg.seeds[0]), start)
             continue
-        changes = _with_mean(arm.overrides, recipe)
-        uses_simulator = arm.uses_simulator or _trains_on_simulator(cfg, base, changes, name)
-        if uses_simulator:
-            changes += _simulator_settings(cfg, changes, simulator)
+        changes, uses_simulator = resolved[name]
         overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
         stage_name = f"train-{name}-s{seed}"
         out = root / "stages" / stage_name

@@ -10,6 +10,7 @@ row) and the field.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +247,7 @@ def sample_examples(examples: list[QAExample], n: int, *, seed: int, by: str = "
     from sklearn.model_selection import train_test_split
 
     strata = [ex.metadata.get(by) for ex in examples]
-    counts = {s: strata.count(s) for s in set(strata)}
+    counts = Counter(strata)
     splittable = min(counts.values()) >= 2 and len(counts) <= min(n, len(examples) - n)
     stratify = strata if None not in counts and splittable else None
     index = list(range(len(examples)))
