@@ -212,9 +212,18 @@ def run_eval(
             for r in results
             for row in r.rows[: cfg.num_sample_trajectories]
         ]
-        # every question's scores: what paired comparisons of two policies on the same questions need
+        # every question's scores (what paired comparisons of two policies on the same questions need) and
+        # its answer, so a surprising score can be read without the MLflow store
         questions = [
-            {"dataset": r.name, "id": row.id, "em": row.em, "f1": row.f1, "cover_em": row.cover_em}
+            {
+                "dataset": r.name,
+                "id": row.id,
+                "em": row.em,
+                "f1": row.f1,
+                "cover_em": row.cover_em,
+                "prediction": row.prediction,
+                "tagged": row.tagged,
+            }
             for r in results
             for row in r.rows
         ]

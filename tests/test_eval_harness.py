@@ -105,6 +105,9 @@ def test_cli_eval_end_to_end(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
     rows = json.loads((tmp_path / "out" / "rag-bm25" / "table.json").read_text())
     assert [r["dataset"] for r in rows] == ["nq", "hotpotqa", "average"] and rows[0]["n"] == 5
     assert rows[0]["recall"] == 1.0
+    # each question's answer is kept beside its scores: a surprising score is read without the MLflow store
+    questions = [json.loads(line) for line in (tmp_path / "out" / "rag-bm25" / "questions.jsonl").open()]
+    assert len(questions) == 10 and all(isinstance(q["prediction"], str) and "tagged" in q for q in questions)
     mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["zerosim-eval"], output_format="list")
     assert (
