@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,36 @@ def zerosim_cli():
         return result
 
     return run
+
+
+_REPO = Path(__file__).resolve().parents[1]
+_SMOKE = _REPO / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
+
+
+@pytest.fixture
+def tiny_experiment(tmp_path, tiny_model_dir, capitals):
+    """The smoke preset pointed at the tiny model, a tiny corpus and QA file, and a temporary store."""
+    import yaml
+
+    qa, corpus = capitals(8)
+    cfg = yaml.safe_load(_SMOKE.read_text())
+    cfg["base"] = str(_REPO / cfg["base"])
+    cfg["output_dir"] = str(tmp_path / "experiments")
+    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "exp"}
+    cfg["runtime"] = {"threads": 1}
+    data = [f"data.train={qa}", f"search.bm25.corpus={corpus}", f"search.dense.corpus={corpus}"]
+    cfg["overrides"] += [
+        f"policy.model={tiny_model_dir}", f"search.simulator.model={tiny_model_dir}", *data,
+        f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "rollout.max_new_tokens=8",
+        "search.simulator.max_new_tokens=16",
+    ]  # fmt: skip
+    sim = cfg["simulator"]
+    sim["collect"] += [f"data={qa}", f"search.bm25.corpus={corpus}", "max_questions=8"]
+    sim["sft"] += [f"model={tiny_model_dir}", "max_length=128"]
+    sim["dpo_overrides"] += ["max_length=128"]
+    sim["quality"] += [f"data={qa}", "limit=2", "split=train", "simulator.max_new_tokens=16"]
+    cfg["eval"].update(datasets=[str(qa)], limit=4, batch_size=4)
+    cfg["eval"]["overrides"] = ["max_answer_tokens=8"]
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, tmp_path

@@ -2,6 +2,7 @@
 a changed arm), and the bootstrap on cases whose answer is known."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -96,33 +97,6 @@ def test_a_rate_of_zero_gets_an_exact_bound_and_a_ratio_guard():
     assert c["diff"] == pytest.approx(9 / 128) and c["diff_low"] > 0
     small = compare(arm[:64], ref[:64] + 0.0, confidence=0.95, resamples=2000, seed=0)
     assert c["detectable"] > 0 and small["detectable"] > c["detectable"]
-
-
-@pytest.fixture
-def tiny_experiment(tmp_path, tiny_model_dir, capitals):
-    """The smoke preset pointed at the tiny model, a tiny corpus and QA file, and a temporary store."""
-    qa, corpus = capitals(8)
-    cfg = yaml.safe_load(SMOKE.read_text())
-    cfg["base"] = str(ROOT / cfg["base"])
-    cfg["output_dir"] = str(tmp_path / "experiments")
-    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "exp"}
-    cfg["runtime"] = {"threads": 1}
-    data = [f"data.train={qa}", f"search.bm25.corpus={corpus}", f"search.dense.corpus={corpus}"]
-    cfg["overrides"] += [
-        f"policy.model={tiny_model_dir}", f"search.simulator.model={tiny_model_dir}", *data,
-        f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "rollout.max_new_tokens=8",
-        "search.simulator.max_new_tokens=16",
-    ]  # fmt: skip
-    sim = cfg["simulator"]
-    sim["collect"] += [f"data={qa}", f"search.bm25.corpus={corpus}", "max_questions=8"]
-    sim["sft"] += [f"model={tiny_model_dir}", "max_length=128"]
-    sim["dpo_overrides"] += ["max_length=128"]
-    sim["quality"] += [f"data={qa}", "limit=2", "split=train", "simulator.max_new_tokens=16"]
-    cfg["eval"].update(datasets=[str(qa)], limit=4, batch_size=4)
-    cfg["eval"]["overrides"] = ["max_answer_tokens=8"]
-    path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path, tmp_path
 
 
 def _stages(root: Path) -> dict[str, dict]:
@@ -224,9 +198,62 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert rerun == {"train-mixed-s0", "eval-mixed-s0-bm25", "report"}
 
 
-def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
+def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
     """`train_launcher` (e.g. `accelerate launch ...`) gets `-m zerosim.cli train --config <stage>/train.yaml`,
     and the stage's outputs are read from what that job wrote."""
+    import mlflow
+
+    from zerosim.core.config import load_config
+    from zerosim.experiment import ExperimentConfig
+    from zerosim.experiment.kinds import Stage, run_stage
+    from zerosim.training.config import TrainConfig
+
+    client = mlflow.MlflowClient(mlflow_db)
+    run_id = client.create_run(client.create_experiment("train")).info.run_id
+    fake = tmp_path / "launcher.py"
+    fake.write_text(
+        "import json, sys, pathlib, yaml\n"
+        "args = sys.argv[1:]\n"
+        "cfg = yaml.safe_load(pathlib.Path(args[args.index('--config') + 1]).read_text())\n"
+        "out = pathlib.Path(cfg['run']['output_dir']) / cfg['run']['name']\n"
+        "(out / 'final').mkdir(parents=True)\n"
+        "(out / 'final' / 'config.json').write_text('{}')\n"
+        f"(out / 'result.json').write_text(json.dumps({{'run_id': '{run_id}', 'steps': 7, 'final': True}}))\n"
+        "(out / 'argv.json').write_text(json.dumps(args))\n"
+    )
+    out = tmp_path / "stages" / "train-real-s0"
+    train = load_config(
+        None,
+        [f"run.output_dir={out}", "run.name=real", f"tracking.tracking_uri={mlflow_db}"],
+        schema=TrainConfig,
+    )
+    cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake} --num_processes 2")
+    result = run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
+    argv = json.loads((out / "real" / "argv.json").read_text())
+    assert argv == ["--num_processes", "2", "-m", "zerosim.cli", "train", "--config", str(out / "train.yaml")]
+    # the steps the job took, as it reports them (not the recipe's max_steps)
+    assert result == {"path": str(out / "real" / "final"), "run_id": run_id, "steps": 7}
+    written = load_config(out / "train.yaml", schema=TrainConfig)
+    assert written.run.output_dir == str(out) and written.run.resume is False
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        # a launcher that runs nothing (`train_launcher=/bin/true`)
+        ("pass", "exited 0 but left no result.json"),
+        # a job that wrote its result but no final model
+        ("(out / 'result.json').write_text(json.dumps({'run_id': 'x', 'steps': 1}))", "left no final model"),
+        # a final model, but its MLflow run is in another store
+        (
+            "(out / 'final').mkdir(); (out / 'final' / 'config.json').write_text('{}'); "
+            "(out / 'result.json').write_text(json.dumps({'run_id': 'f' * 32, 'steps': 1}))",
+            "does not hold",
+        ),
+    ],
+    ids=["nothing", "no-final", "no-mlflow-run"],
+)
+def test_a_launcher_that_exits_0_without_training_is_not_a_finished_stage(tmp_path, mlflow_db, job, message):
     from zerosim.core.config import load_config
     from zerosim.experiment import ExperimentConfig
     from zerosim.experiment.kinds import Stage, run_stage
@@ -238,19 +265,18 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path):
         "args = sys.argv[1:]\n"
         "cfg = yaml.safe_load(pathlib.Path(args[args.index('--config') + 1]).read_text())\n"
         "out = pathlib.Path(cfg['run']['output_dir']) / cfg['run']['name']\n"
-        "(out / 'final').mkdir(parents=True)\n"
-        "(out / 'mlflow_run.json').write_text(json.dumps({'run_id': 'r1'}))\n"
-        "(out / 'argv.json').write_text(json.dumps(args))\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        f"{job}\n"
     )
     out = tmp_path / "stages" / "train-real-s0"
-    train = load_config(None, [f"run.output_dir={out}", "run.name=real"], schema=TrainConfig)
-    cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake} --num_processes 2")
-    result = run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
-    argv = json.loads((out / "real" / "argv.json").read_text())
-    assert argv == ["--num_processes", "2", "-m", "zerosim.cli", "train", "--config", str(out / "train.yaml")]
-    assert result == {"path": str(out / "real" / "final"), "run_id": "r1", "steps": train.trainer.max_steps}
-    written = load_config(out / "train.yaml", schema=TrainConfig)
-    assert written.run.output_dir == str(out) and written.run.resume is False
+    train = load_config(
+        None,
+        [f"run.output_dir={out}", "run.name=real", f"tracking.tracking_uri={mlflow_db}"],
+        schema=TrainConfig,
+    )
+    cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake}")
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
 
 
 def test_stage_keys_follow_what_a_stage_depends_on(tmp_path):
@@ -527,6 +553,51 @@ def test_results_travel_by_export_and_import(tiny_experiment):
         import_results(stages, third, tmp_path, name=there.name)
     with pytest.raises(ConfigError, match="not 'other'"):
         import_results(stages, third, out, name="other")
+
+    # a folder moved elsewhere (copied, the original gone) reads its own files and logs under its own parent
+    # run; its records hold no path of where it was
+    moved = tmp_path / "moved" / here.name
+    shutil.copytree(first.root, moved)
+    shutil.rmtree(first.root)
+    shutil.rmtree(moved / "stages" / "report")
+    assert str(first.root) not in (moved / "stages" / "eval-real-s0-bm25" / "stage.json").read_text()
+    fourth = run_experiment(
+        load_experiment(config, [*fewer, f"output_dir={moved.parent}"]), echo=lambda line: None
+    )
+    assert fourth.ran == ["report"] and fourth.report["rows"] == first.report["rows"]
+    assert fourth.parent_run_id != first.parent_run_id
+    import mlflow
+
+    assert mlflow.MlflowClient().get_run(first.parent_run_id).info.status == "FINISHED"
+
+
+def test_one_experiment_folder_one_process(tiny_experiment):
+    """A second `zerosim experiment` on a folder in use is refused at once, naming the process that holds it
+    (two would run the same stages and clear each other's folders)."""
+    import socket
+
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment import load_experiment, run_experiment
+    from zerosim.experiment.run import LOCK_FILE, OWNER_FILE
+
+    config, tmp_path = tiny_experiment
+    cfg = load_experiment(config)
+    root = tmp_path / "experiments" / cfg.name
+    root.mkdir(parents=True)
+    (root / OWNER_FILE).write_text(json.dumps({"pid": 4242, "host": socket.gethostname()}))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import filelock, time; held = filelock.FileLock({str(root / LOCK_FILE)!r}); held.acquire(); "
+         "print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=r"in use by another zerosim experiment \(pid 4242 on "):
+            run_experiment(cfg, echo=lambda line: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (root / "stages").exists()  # refused before any stage
 
 
 def test_the_curriculum_ablation_changes_one_thing_per_arm(tmp_path):

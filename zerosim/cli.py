@@ -70,7 +70,14 @@ class ZerosimGroup(TyperGroup):
     def main(self, args=None, *rest, **kwargs):
         args = list(sys.argv[1:] if args is None else args)
         ZerosimGroup.debug = "--debug" in args or _debug_env()  # --debug anywhere on the line
-        return super().main([a for a in args if a != "--debug"], *rest, **kwargs)
+        from zerosim.core import signals
+
+        signals.install()  # SIGTERM unwinds: MLflow runs end FAILED, a training job saves a checkpoint first
+        try:
+            return super().main([a for a in args if a != "--debug"], *rest, **kwargs)
+        except signals.Terminated as exc:
+            typer.echo(typer.style("stopped:", fg="yellow", bold=True) + f" {exc}", err=True)
+            raise
 
     def invoke(self, ctx):
         try:
@@ -235,6 +242,7 @@ def experiment(
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
     from zerosim.core.runtime import apply_threads
     from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
+    from zerosim.experiment.run import folder_lock
     from zerosim.experiment.transfer import export_results, import_results
 
     cfg = load_experiment(config, overrides or [])
@@ -244,7 +252,8 @@ def experiment(
         console.print(f"[bold green]exported[/] {len(written)} finished stages to {export}")
         return
     for source in import_ or []:
-        brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
+        with folder_lock(root):  # not while another process runs the experiment there
+            brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
         console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
     if dry_run:
         from rich.console import Console

@@ -56,16 +56,41 @@ class Stage:
         return root / "stages" / self.name
 
 
+ROOT = "<root>"  # the experiment's folder, as its records write it: a copied or moved folder reads its own
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text()) if path.is_file() else None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 
+def relative_to_root(text: str, root: Path) -> str:
+    """``text`` (a record's JSON) with the experiment's folder written as ``<root>``."""
+    return text.replace(str(root.resolve()), ROOT).replace(str(root), ROOT)
+
+
 def read_stage(stage: Stage, root: Path) -> dict[str, Any] | None:
-    """The record of a finished stage (``stage.json``), or None."""
-    return read_json(stage.dir(root) / STAGE_FILE)
+    """The record of a finished stage (``stage.json``), its ``<root>`` read as ``root``; None when the stage
+    has not finished. A record that is not one (damaged, cut short, edited) is refused, naming the file and
+    the fix, rather than read as half a result."""
+    from zerosim.core.config import ConfigError
+
+    path = stage.dir(root) / STAGE_FILE
+    if not path.is_file():
+        return None
+    fix = f"delete {stage.dir(root)} to run the stage again (or put back its record from an --export)"
+    try:
+        text = path.read_text(encoding="utf-8")
+        record = json.loads(text.replace(ROOT, json.dumps(str(root))[1:-1]))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: damaged stage record ({exc}); {fix}") from None
+    missing = [k for k in ("key", "outputs") if not isinstance(record, dict) or k not in record]
+    if missing or not isinstance(record["outputs"], dict):
+        what = f"no {', '.join(missing)}" if missing else "its outputs are not a mapping"
+        raise ConfigError(f"{path}: not a stage record ({what}); {fix}")
+    return record
 
 
 @dataclass
@@ -125,27 +150,70 @@ def _train(stage: Stage, ctx: RunContext) -> dict[str, Any]:
         return _launch_training(c, out, ctx.cfg.train_launcher)
     from zerosim.training.recipe import train
 
-    result = train(c)
-    return {"path": str(result.checkpoint), "run_id": result.run_id, "steps": result.steps}
+    train(c)
+    return finished_training(c, out / c.run.name, f"zerosim train (stage {stage.name})")
 
 
 def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]:
-    """``<launcher> -m zerosim.cli train --config <out>/train.yaml``: several processes (GPUs) per arm."""
+    """``<launcher> -m zerosim.cli train --config <out>/train.yaml``: several processes (GPUs) per arm.
+
+    The stage is finished only when the job says so: its ``result.json`` (written last by a job that trained
+    to its end), its final model and its MLflow run — a launcher that exits 0 without training is an error,
+    not a stage to reuse. When this process is stopped (SIGTERM, Ctrl-C), the job is stopped too."""
     import shlex
+    import signal
     import subprocess
 
     from zerosim.core.config import to_yaml
-    from zerosim.training.checkpoint import recorded_run
 
     out.mkdir(parents=True, exist_ok=True)
     recipe = atomic_write_text(out / "train.yaml", to_yaml(c))
     command = [*shlex.split(launcher), "-m", "zerosim.cli", "train", "--config", str(recipe)]
     log.info("launching %s", " ".join(command))
-    code = subprocess.call(command, stdin=subprocess.DEVNULL)
+    job = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    try:
+        code = job.wait()
+    except BaseException:  # stopped here: the job gets the same SIGTERM, and the time to checkpoint
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            job.kill()
+        raise
     if code != 0:
         raise RuntimeError(f"training stage failed (exit code {code}): {' '.join(command)}")
-    final = out / c.run.name / "final"
-    return {"path": str(final), "run_id": recorded_run(out / c.run.name), "steps": c.trainer.max_steps}
+    return finished_training(c, out / c.run.name, " ".join(command))
+
+
+def finished_training(c: TrainConfig, run_dir: Path, command: str) -> dict[str, Any]:
+    """A training job's outputs, from what it wrote in ``run_dir``, once it is shown to have finished: its
+    result file, its final model, its MLflow run. Raises naming what is missing."""
+    from zerosim.training.recipe import RESULT_FILE, read_result
+
+    result = read_result(run_dir)
+    final = run_dir / "final"
+    if result is None or not (final / "config.json").is_file():
+        absent = RESULT_FILE if result is None else f"final model ({final}/config.json)"
+        raise RuntimeError(
+            f"training stage: `{command}` exited 0 but left no {absent} in {run_dir}, so it did not train to "
+            "its end; train_launcher must run the command it is given (e.g. `accelerate launch "
+            "--num_processes 8`), and the recipe must keep trainer.save_final=true"
+        )
+    _require_run(result["run_id"], c.tracking.tracking_uri, command)
+    return {"path": str(final), "run_id": result["run_id"], "steps": int(result["steps"])}
+
+
+def _require_run(run_id: Any, tracking_uri: str, command: str) -> None:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.MlflowClient(tracking_uri).get_run(str(run_id))
+    except MlflowException:
+        raise RuntimeError(
+            f"training stage: `{command}` reported MLflow run {run_id}, which {tracking_uri} does not hold; "
+            "the launched job must log to the experiment's tracking.tracking_uri"
+        ) from None
 
 
 def _eval(stage: Stage, ctx: RunContext) -> dict[str, Any]:

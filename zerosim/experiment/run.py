@@ -8,7 +8,8 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,56 @@ from zerosim.core.runtime import cpu_times, others_cpu_share
 from zerosim.experiment.config import ExperimentConfig
 from zerosim.experiment.estimates import CONTENDED_SHARE, estimates
 from zerosim.experiment.keys import status
-from zerosim.experiment.kinds import KINDS, STAGE_FILE, Stage, read_json, read_stage, run_stage
+from zerosim.experiment.kinds import (
+    KINDS,
+    STAGE_FILE,
+    Stage,
+    read_json,
+    read_stage,
+    relative_to_root,
+    run_stage,
+)
 from zerosim.experiment.stages import build_stages
 
-EXPERIMENT_FILE = "experiment.json"  # the experiment's MLflow parent run
+EXPERIMENT_FILE = "experiment.json"  # the experiment's MLflow parent run, and the folder it was started in
 ATTEMPT_FILE = "attempt.json"  # a running stage's time so far
+LOCK_FILE = ".lock"  # held by the one process running (or importing into) the experiment
+OWNER_FILE = ".lock.owner"  # who holds it: pid and host, for the error a second process gets
+
+_LOCKS: dict[str, Any] = {}  # one FileLock per folder in this process (re-entrant: import, then run)
+
+
+@contextmanager
+def folder_lock(root: Path) -> Iterator[None]:
+    """Hold ``root``'s lock while this process writes into the experiment: a second ``zerosim experiment``
+    on the same folder is refused at once (it would run the same stages and clear the other's folders),
+    naming the process that holds it."""
+    import os
+    import socket
+
+    from filelock import FileLock, Timeout
+
+    from zerosim.core.config import ConfigError
+
+    root.mkdir(parents=True, exist_ok=True)
+    lock = _LOCKS.setdefault(str(root.resolve()), FileLock(root / LOCK_FILE))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        owner = read_json(root / OWNER_FILE) or {}
+        who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
+        raise ConfigError(
+            f"{root} is in use by another zerosim experiment ({who}); wait for it to end, or give this one "
+            "its own folder (output_dir= or name=)"
+        ) from None
+    try:
+        if lock.lock_counter == 1:
+            atomic_write_text(
+                root / OWNER_FILE, json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+            )
+        yield
+    finally:
+        lock.release()
 
 
 def describe(stage: Stage) -> str:
@@ -151,17 +197,41 @@ class ExperimentResult:
     parent_run_id: str
 
 
-def _parent_run(state: dict[str, Any]) -> str | None:
-    """The experiment's MLflow parent run from an earlier attempt, if the store still holds it."""
+def _parent_run(state: dict[str, Any], root: Path, echo: Callable[[str], None]) -> str | None:
+    """The experiment's MLflow parent run from an earlier attempt in this folder, if the store still holds
+    it. A folder copied (or moved) from elsewhere gets a parent run of its own: its runs are not logged
+    into, nor a failure here marks, the original's."""
     import mlflow
 
     parent_id = state.get("parent_run_id")
+    started_in = state.get("root")
+    if parent_id is not None and started_in is not None and started_in != str(root.resolve()):
+        echo(f"this folder was started as {started_in} (copied or moved here): a new MLflow parent run")
+        return None
     if parent_id is not None:
         try:
             mlflow.MlflowClient().get_run(parent_id)
         except Exception:  # noqa: BLE001 - another tracking store: a new parent run
             parent_id = None
     return parent_id
+
+
+def _end_stale_runs(parent_id: str, echo: Callable[[str], None]) -> None:
+    """Mark FAILED the stage runs an earlier attempt left RUNNING (a SIGKILL leaves no time to end them):
+    with the folder locked, no other process is running them."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiment = client.get_run(parent_id).info.experiment_id
+    stale = client.search_runs(
+        [experiment],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'",
+    )
+    for run in stale:
+        client.set_terminated(run.info.run_id, status="FAILED")
+        echo(
+            f"  MLflow run {run.info.run_id} ({run.info.run_name}) was left RUNNING by a killed attempt: FAILED"
+        )
 
 
 def run_experiment(
@@ -174,23 +244,36 @@ def run_experiment(
 
     ``stop_after`` (a stage name) ends the run after that stage, as a kill would (tests use it).
     """
+    root = Path(cfg.output_dir) / cfg.name
+    stages = build_stages(cfg, root)
+    check_inputs(cfg)
+    with folder_lock(root):
+        return _run_locked(cfg, root, stages, echo, stop_after)
+
+
+def _run_locked(
+    cfg: ExperimentConfig,
+    root: Path,
+    stages: list[Stage],
+    echo: Callable[[str], None],
+    stop_after: str | None,
+) -> ExperimentResult:
     import mlflow
 
     from zerosim.core.tracking import code_version, configure, mlflow_run
 
-    root = Path(cfg.output_dir) / cfg.name
-    stages = build_stages(cfg, root)
-    check_inputs(cfg)
-    root.mkdir(parents=True, exist_ok=True)
     state_path = root / EXPERIMENT_FILE
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    state = read_json(state_path) or {}
     configure(cfg.tracking)
-    parent_id = _parent_run(state)
+    parent_id = _parent_run(state, root, echo)
     tags = {"zerosim.job": "experiment", "zerosim.experiment": cfg.name}
     ran, reused = [], []
     with mlflow_run(cfg.tracking, cfg.name, tags=tags, run_id=parent_id) as parent:
+        if parent_id is not None:
+            _end_stale_runs(parent_id, echo)
         parent_id = parent.info.run_id
-        atomic_write_text(state_path, json.dumps({"parent_run_id": parent_id, "name": cfg.name}, indent=2))
+        where = {"parent_run_id": parent_id, "name": cfg.name, "root": str(root.resolve())}
+        atomic_write_text(state_path, json.dumps(where, indent=2))
         if not state:
             from zerosim.core.config import to_yaml
 
@@ -233,7 +316,9 @@ def run_experiment(
                 "code": code,  # which code ran it (not part of its key: the report flags other code)
             }
             stage.dir(root).mkdir(parents=True, exist_ok=True)
-            atomic_write_text(stage.dir(root) / STAGE_FILE, json.dumps(record, indent=2, default=str))
+            # paths under the folder written as <root>: a copied or moved folder reads its own files
+            text = relative_to_root(json.dumps(record, indent=2, default=str), root)
+            atomic_write_text(stage.dir(root) / STAGE_FILE, text)
             mlflow.log_metric(f"stage_seconds/{stage.name}", seconds)
             outputs[stage.name] = result
             ran.append(stage.name)

@@ -21,9 +21,8 @@ from pathlib import Path
 
 from zerosim.core.config import ConfigError
 from zerosim.core.fsutil import atomic_write_text
-from zerosim.experiment.kinds import STAGE_FILE, Stage, read_stage
+from zerosim.experiment.kinds import ROOT, STAGE_FILE, Stage, read_stage, relative_to_root  # noqa: F401 (ROOT: public here too)
 
-ROOT = "<root>"
 MANIFEST = "export.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
@@ -53,9 +52,7 @@ def export_results(stages: Sequence[Stage], root: Path, out: Path, *, name: str)
             target = tmp / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             if path.name == STAGE_FILE and path.parent == src:
-                target.write_text(
-                    path.read_text().replace(str(root.resolve()), ROOT).replace(str(root), ROOT)
-                )
+                target.write_text(relative_to_root(path.read_text(), root))  # a record written before <root>
             else:
                 shutil.copy2(path, target)
         shutil.rmtree(dst, ignore_errors=True)
@@ -89,9 +86,7 @@ def import_results(stages: Sequence[Stage], root: Path, source: Path, *, name: s
         dst = stage.dir(root)
         tmp = dst.parent / f".{stage_name}.import"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        record = tmp / STAGE_FILE
-        record.write_text(record.read_text().replace(ROOT, str(root)))
+        shutil.copytree(src, tmp)  # its record's paths stay <root>: read as this folder
         shutil.rmtree(dst, ignore_errors=True)
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dst)

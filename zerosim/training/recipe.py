@@ -23,6 +23,7 @@ from zerosim.core.data.embedded import load_questions
 from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
 from zerosim.core.fsutil import atomic_directory, atomic_write_text
 from zerosim.core.models import load_causal_lm, load_tokenizer
+from zerosim.core.signals import Terminated, graceful, stop_requested
 from zerosim.core.tracking import (
     log_config,
     log_jsonl,
@@ -218,6 +219,32 @@ class CollapseGuard(TrainerCallback):
         if self.streak >= self.patience:
             self.collapsed_at = int(state.global_step)
             control.should_training_stop = True
+
+
+class StopOnSigterm(TrainerCallback):
+    """A SIGTERM during training (:mod:`zerosim.core.signals`) ends the step in progress with a checkpoint
+    and stops the loop; :func:`train` then raises ``Terminated`` so the run ends FAILED, resumable."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if stop_requested():
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+RESULT_FILE = "result.json"  # <output_dir>/<name>/result.json: written last, by a job that trained to its end
+
+
+def read_result(output_dir: Path) -> dict[str, Any] | None:
+    """What a finished training job wrote (:data:`RESULT_FILE`: run id, steps, final model), or None."""
+    import json
+
+    path = Path(output_dir) / RESULT_FILE
+    try:
+        found = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def step_weights(cfg: TrainConfig) -> tuple[float, float] | None:
@@ -436,7 +463,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             guard=guard,
         )
         # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
-        callbacks = [state_callback, guard, trainer_mlflow_callback()]
+        callbacks = [state_callback, guard, trainer_mlflow_callback(), StopOnSigterm()]
         if validation is not None:
             callbacks.append(validation)
         critic = None
@@ -483,7 +510,13 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             validation.bind(trainer)
         if checkpoint_in is not None:
             state_callback.load(checkpoint_in)
-        trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
+        with graceful():  # a SIGTERM finishes the step, saves a checkpoint, then stops (zerosim.core.signals)
+            trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
+            if stop_requested():
+                raise Terminated(
+                    f"stopped by SIGTERM after step {trainer.state.global_step}, checkpoint saved in "
+                    f"{output_dir}: run again with run.resume=true to continue"
+                )
         if guard.collapsed_at is not None and main:
             import logging
 
@@ -526,6 +559,11 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
                         "samples/validation.jsonl" if validation is not None and validation.history else None
                     )
                     log_model(checkpoint, name="policy", validation_table=table)
+        if main:  # last: its presence says the job trained to its end (an experiment's launcher reads it)
+            import json
+
+            done = {"run_id": run_id, "steps": trainer.state.global_step, "final": checkpoint is not None}
+            atomic_write_text(output_dir / RESULT_FILE, json.dumps(done))
         return TrainResult(
             run_id=run_id,
             checkpoint=checkpoint,

@@ -1,0 +1,150 @@
+"""SIGTERM — how ``timeout``, SLURM and Kubernetes stop a job — ends every MLflow run FINISHED or FAILED,
+never RUNNING; a training job first finishes its step and saves a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from zerosim.core import signals
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Job:
+    """``python -m zerosim.cli ARGS`` with its output (stdout and stderr, progress bars' ``\\r`` included)
+    read by a thread, so the test can wait for a line without blocking and the job never blocks on a pipe."""
+
+    def __init__(self, *args: str, cwd: Path):
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zerosim.cli", *args],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while chunk := self.proc.stdout.read1(65536):
+            self.chunks.append(chunk)
+
+    @property
+    def output(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.proc.poll() is None, (
+                f"ended (code {self.proc.returncode}) before {text!r}:\n{self.output[-3000:]}"
+            )
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout} s:\n{self.output[-3000:]}"
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=300)
+        self.reader.join(timeout=10)
+        return code
+
+
+def test_sigterm_in_training_saves_a_checkpoint_and_ends_the_run_failed(
+    tmp_path, tiny_model_dir, capitals, mlflow_db
+):
+    import mlflow
+
+    from zerosim.core.config import load_config
+    from zerosim.training.checkpoint import recorded_run
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.recipe import RESULT_FILE, resume_point
+
+    qa, corpus = capitals(8)
+    overrides = [
+        f"policy.model={tiny_model_dir}", "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        "trainer.max_steps=200", "trainer.save_steps=0", "trainer.logging_steps=1", "trainer.collapse_patience=0",
+        "trainer.per_device_train_batch_size=2", "trainer.num_generations=2", "rollout.max_new_tokens=6",
+        "rollout.max_turns=1", "rollout.max_completion_tokens=64", "warmstart.enabled=false", "validation.every=0",
+        f"run.output_dir={tmp_path / 'out'}", "run.name=run", f"tracking.tracking_uri={mlflow_db}",
+    ]  # fmt: skip
+    job = _Job("train", "--config", str(REPO / "configs" / "demo.yaml"), *overrides, cwd=tmp_path)
+    job.wait_for("'loss'")  # a step logged: the job is inside its training loop
+    code, err = job.stop(), job.output
+
+    assert code == signals.EXIT_CODE, err[-3000:]
+    assert "stopped: stopped by SIGTERM after step" in err
+    folder = tmp_path / "out" / "run"
+    assert not (folder / "final").exists() and not (folder / RESULT_FILE).exists()  # it did not finish
+    # the step in progress ended with a checkpoint that a resume continues from, in the same run
+    cfg = load_config(REPO / "configs" / "demo.yaml", [*overrides, "run.resume=true"], schema=TrainConfig)
+    checkpoint, run_id = resume_point(cfg, folder)
+    assert checkpoint is not None and int(checkpoint.name.split("-")[1]) >= 1
+    assert run_id == recorded_run(folder)
+    mlflow.set_tracking_uri(mlflow_db)
+    assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"
+
+
+def test_sigterm_in_an_experiment_ends_its_runs_and_a_killed_attempts_runs_are_ended_after(tiny_experiment):
+    import mlflow
+
+    from zerosim.experiment import load_experiment
+    from zerosim.experiment.run import EXPERIMENT_FILE, _run_locked
+    from zerosim.experiment.stages import build_stages
+
+    config, tmp = tiny_experiment
+    root = tmp / "experiments" / "sim-vs-real-smoke"
+    job = _Job("experiment", "--config", str(config), cwd=REPO)
+    job.wait_for("sim-sft: run")
+    time.sleep(2)  # inside the stage's MLflow run
+    code, err = job.stop(), job.output
+    assert code == signals.EXIT_CODE, err[-3000:]
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    mlflow.set_tracking_uri(store)
+    runs = mlflow.search_runs(experiment_names=["exp"], output_format="list")
+    assert runs and {r.info.status for r in runs} <= {"FINISHED", "FAILED"}, [r.info.status for r in runs]
+    parent = next(r for r in runs if r.data.tags.get("zerosim.job") == "experiment")
+    assert parent.info.status == "FAILED"
+
+    # a SIGKILL leaves no time to end a run: the next attempt ends the stage runs it left RUNNING
+    client = mlflow.MlflowClient(store)
+    stale = client.create_run(parent.info.experiment_id, tags={"mlflow.parentRunId": parent.info.run_id})
+    assert client.get_run(stale.info.run_id).info.status == "RUNNING"
+    cfg = load_experiment(config)
+    echoed: list[str] = []
+    _run_locked(cfg, root, build_stages(cfg, root), echoed.append, stop_after="sim-sft")
+    assert client.get_run(stale.info.run_id).info.status == "FAILED"
+    assert any("left RUNNING by a killed attempt" in line for line in echoed)
+    assert (root / EXPERIMENT_FILE).is_file()
+
+
+def test_a_sigterm_outside_training_raises_at_once_and_inside_asks_the_loop_to_stop():
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert signals.install()
+        with pytest.raises(signals.Terminated) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert stopped.value.code == 143
+        with signals.graceful():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            assert signals.stop_requested()  # the first: the loop stops at its next step
+            with pytest.raises(signals.Terminated):  # the second: at once
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        assert not signals.stop_requested()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
