@@ -691,3 +691,30 @@ def test_the_gpu_preset_trains_every_simulator_arm_against_its_simulator(tmp_pat
         s for s in build_stages(own, tmp_path / own.name) if s.name == "train-sim-s0"
     ).config.search.simulator
     assert (sim.model, sim.prompts) == ("simulators/zerosearch-simulator-14b", "default")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"name": "x", "key": "k"', "damaged stage record"),  # cut short
+        (b"\xff\xfe\x00garbage", "damaged stage record"),  # not text
+        (b'["a", "list"]', "not a stage record (no key, outputs)"),
+        (b'{"key": "k"}', "not a stage record (no outputs)"),
+        (b'{"key": "k", "outputs": ["x"]}', "its outputs are not a mapping"),
+    ],
+    ids=["cut-short", "binary", "a-list", "no-outputs", "outputs-not-a-mapping"],
+)
+def test_a_damaged_stage_record_is_refused_naming_the_file_and_the_fix(tmp_path, content, message):
+    """Read by the dry run and the run before any stage: a record that is not one is named with the way out,
+    not an AttributeError, KeyError or UnicodeDecodeError."""
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment.keys import status
+    from zerosim.experiment.kinds import Stage
+
+    stage = Stage("sim-collect", "collect", None, [])
+    stage.dir(tmp_path).mkdir(parents=True)
+    (stage.dir(tmp_path) / "stage.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        status(stage, tmp_path)
+    assert str(stage.dir(tmp_path) / "stage.json") in str(refused.value)
+    assert f"delete {stage.dir(tmp_path)} to run the stage again" in str(refused.value)
