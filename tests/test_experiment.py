@@ -98,6 +98,15 @@ def test_a_rate_of_zero_gets_an_exact_bound_and_a_ratio_guard():
     small = compare(arm[:64], ref[:64] + 0.0, confidence=0.95, resamples=2000, seed=0)
     assert c["detectable"] > 0 and small["detectable"] > c["detectable"]
 
+    # an arm at 0 on every question against a reference at ~31%: its ratio is "at most ~2%", not [0, 0]
+    rng = np.random.default_rng(0)
+    real = (rng.random((1, 532)) < 0.31).astype(float)
+    collapsed = compare(np.zeros((1, 532)), real, confidence=0.95, resamples=2000, seed=0)
+    assert collapsed["ratio"] == 0.0 and collapsed["ratio_low"] == 0.0
+    assert 0.01 < collapsed["ratio_high"] < 0.05 and collapsed["ratio_reliable"]
+    assert collapsed["diff_high"] > -real.mean() + 0.005 and collapsed["diff_low"] < -real.mean() - 0.02
+    assert collapsed["levels"].startswith("exact binomial (arm)") and collapsed["detectable"] > 0
+
 
 def _stages(root: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in (root / "stages").glob("*/stage.json")}

@@ -14,7 +14,8 @@ An arm's scores are a seeds × questions matrix (one row per training seed, the 
 
 A paired comparison resamples the questions once for both arms (the same questions), and each arm's seeds on
 their own (different training runs). Its ratio is given only where no replicate of the reference's mean is 0;
-otherwise the ratio is marked unreliable and the difference stands for it. ``detectable`` is the smallest
+otherwise the ratio is marked unreliable and the difference stands for it. An arm that scored 0 (or 1) on
+every question is compared through its exact bound and the reference's interval (never "0.0% [0.0, 0.0]"). ``detectable`` is the smallest
 difference the comparison would find at 80% power (two-sided, at the interval's level): ``(z_{1-a/2} + z_0.8)``
 standard errors of the difference.
 """
@@ -98,6 +99,8 @@ def compare(a, b, *, confidence: float, resamples: int, seed: int) -> dict[str, 
         raise ValueError(f"paired arms need the same questions: {a2.shape[1]} against {b2.shape[1]}")
     out: dict[str, Any] = {"diff": float(a2.mean() - b2.mean())}
     alpha = 1 - confidence
+    if _rate_bound(a2, confidence) is not None and b2.mean() > 0:
+        return {**out, **_against_a_constant_arm(a2, b2, confidence, resamples, seed)}
     if a2.shape[0] == 1 and b2.shape[0] == 1:
         out["levels"] = "questions"
         if np.all(a2 == b2):  # identical answers: nothing varies
@@ -130,6 +133,31 @@ def compare(a, b, *, confidence: float, resamples: int, seed: int) -> dict[str, 
         out["ratio"] = out["ratio_low"] = out["ratio_high"] = None
     z = norm.ppf(1 - alpha / 2) + norm.ppf(POWER)
     out["detectable"] = float(z * np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0
+    return out
+
+
+def _against_a_constant_arm(a, b, confidence: float, resamples: int, seed: int) -> dict[str, Any]:
+    """An arm that scored 0 (or 1) on every question resamples to itself: a bootstrap would give its ratio a
+    zero-width interval. Its exact binomial bound and the reference's own interval bound the difference and
+    the ratio instead (each end from the far ends of both: conservative, not paired)."""
+    from scipy.stats import norm
+
+    arm = _rate_bound(a, confidence)
+    ref = mean_interval(b, confidence=confidence, resamples=resamples, seed=seed)
+    half = (ref.high - ref.low) / 2 / norm.ppf(1 - (1 - confidence) / 2)  # the reference's standard error
+    se = float(np.hypot(half, (arm.high - arm.low) / 2 / norm.ppf(1 - (1 - confidence) / 2)))
+    out = {
+        "levels": f"exact binomial (arm) and {ref.levels} (reference), not paired",
+        "diff_low": arm.low - ref.high,
+        "diff_high": arm.high - ref.low,
+        "detectable": float((norm.ppf(1 - (1 - confidence) / 2) + norm.ppf(POWER)) * se),
+    }
+    reliable = ref.low > 0
+    out["ratio_reliable"] = reliable
+    if reliable:
+        out.update(ratio=arm.mean / ref.mean, ratio_low=arm.low / ref.high, ratio_high=arm.high / ref.low)
+    else:
+        out["ratio"] = out["ratio_low"] = out["ratio_high"] = None
     return out
 
 
