@@ -65,6 +65,35 @@ def apply_threads(threads: int | None = None) -> int:
     return n
 
 
+# -- what the machine is ---------------------------------------------------------------------------------------
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The CPU in a few words, as times are stated beside it: model, cores this process may use, and the
+    matrix instructions that decide CPU speed here (AMX: bf16 matmuls in hardware; else AVX-512 or AVX2),
+    e.g. ``AMD EPYC, 2 cores, AVX2 (no AMX)``. ``cpuinfo``: ``/proc/cpuinfo``'s text (read when None)."""
+    import platform
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    model = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    if "amx_bf16" in flags or "amx_tile" in flags:
+        isa = "AMX"
+    elif "avx512f" in flags:
+        isa = "AVX-512 (no AMX)"
+    elif "avx2" in flags:
+        isa = "AVX2 (no AMX)"
+    else:
+        isa = "no AVX2"
+    return f"{model}, {available_cores()} cores, {isa}"
+
+
 # -- how quiet the machine was -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CPUTimes:
