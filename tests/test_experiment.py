@@ -533,8 +533,18 @@ def test_results_travel_by_export_and_import(tiny_experiment):
     here = load_experiment(config, fewer)
     first = run_experiment(here, echo=lambda line: None)
     out = tmp_path / "export"
-    written = export_results(build_stages(here, first.root), first.root, out, name=here.name)
+    written = export_results(
+        build_stages(here, first.root),
+        first.root,
+        out,
+        name=here.name,
+        tracking_uri=here.tracking.tracking_uri,
+    )
     assert "report" in written and "train-real-s0" in written
+    # what to read when a score surprises travels too: each run's sample trajectories, each question's answer
+    samples = out / "train-real-s0" / "mlflow" / "samples" / "trajectories.jsonl"
+    assert samples.is_file() and json.loads(samples.read_text().splitlines()[0])
+    assert (out / "eval-real-s0-bm25" / "mlflow" / "samples" / "trajectories.jsonl").is_file()
     files = [p for p in out.rglob("*") if p.is_file()]
     assert not any("final" in p.parts or p.suffix == ".safetensors" for p in files)  # no model travels
     assert str(first.root) not in (out / "train-real-s0" / "stage.json").read_text()

@@ -277,7 +277,9 @@ def experiment(
     cfg = load_experiment(config, overrides or [])
     root = Path(cfg.output_dir) / cfg.name
     if export is not None:
-        written = export_results(build_stages(cfg, root), root, export, name=cfg.name)
+        written = export_results(
+            build_stages(cfg, root), root, export, name=cfg.name, tracking_uri=cfg.tracking.tracking_uri
+        )
         console.print(f"[bold green]exported[/] {len(written)} finished stages to {export}")
         return
     for source in import_ or []:

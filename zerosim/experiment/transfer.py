@@ -2,8 +2,8 @@
 DIR`` brings them into another output directory, where they are reused as if they had run there.
 
 What travels is what the report and the stages downstream read — each finished stage's record
-(``stage.json``), its per-question scores, tables and collected data, its MLflow run ids (in the record;
-the runs' artifacts stay in the MLflow store) — and never a model: folders named ``final`` or ``checkpoint-*`` and weight files stay behind. Paths
+(``stage.json``), its per-question scores and answers, tables and collected data, its MLflow run ids (in the
+record) and its run's sample trajectories (``mlflow/samples/``; the other artifacts stay in the MLflow store) — and never a model: folders named ``final`` or ``checkpoint-*`` and weight files stay behind. Paths
 under the experiment's folder are written as ``<root>`` and read back as the folder imported into, so arms run
 on different machines (one arm per GPU node, or one CPU machine after another) merge into one report.
 
@@ -35,10 +35,32 @@ def _portable(path: Path, stage_dir: Path) -> bool:
     return not path.name.endswith(WEIGHT_SUFFIXES) and not path.name.startswith(".")
 
 
-def export_results(stages: Sequence[Stage], root: Path, out: Path, *, name: str) -> list[str]:
+SAMPLES = "samples"  # a stage's MLflow run artifacts that travel: its sample trajectories (small JSONL)
+
+
+def _samples(run_id: str, tracking_uri: str | None, dst: Path) -> int:
+    """Copy the ``samples/`` artifacts of an MLflow run (a training run's trajectories, an eval's) into ``dst``;
+    how many files. A store that does not hold the run (results imported from another machine) gives 0."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(tracking_uri)
+    try:
+        names = [a.path for a in client.list_artifacts(run_id, SAMPLES) if not a.is_dir]
+    except (MlflowException, OSError):
+        return 0
+    if names:
+        client.download_artifacts(run_id, SAMPLES, str(dst))  # the folder: dst/samples/<file>
+    return len(names)
+
+
+def export_results(
+    stages: Sequence[Stage], root: Path, out: Path, *, name: str, tracking_uri: str | None = None
+) -> list[str]:
     """Write every finished stage's results into ``out`` (a folder per stage); returns the stages written.
     A folder written before is replaced stage by stage, so exporting again after more stages finished adds
-    them."""
+    them. With ``tracking_uri``, each stage's MLflow run lends its ``samples/`` (the trajectories to read when
+    a score surprises) to ``<stage>/mlflow/samples/``."""
     written = []
     out.mkdir(parents=True, exist_ok=True)
     for stage in stages:
@@ -55,6 +77,11 @@ def export_results(stages: Sequence[Stage], root: Path, out: Path, *, name: str)
                 target.write_text(relative_to_root(path.read_text(), root))  # a record written before <root>
             else:
                 shutil.copy2(path, target)
+        run_id = (record.get("outputs") or {}).get("run_id")
+        if tracking_uri is not None and isinstance(run_id, str):
+            (tmp / "mlflow").mkdir(parents=True, exist_ok=True)
+            if not _samples(run_id, tracking_uri, tmp / "mlflow"):
+                (tmp / "mlflow").rmdir()
         shutil.rmtree(dst, ignore_errors=True)
         os.replace(tmp, dst)
         written.append(stage.name)
