@@ -144,9 +144,10 @@ def import_index(
     zerosim dense index folder ``out``, for queries encoded by ``encoder`` (alias, folder or hub id;
     ``pooling`` mean | cls for a bare transformers model, see :func:`eval.dense.load_encoder`); return ``out``.
 
-    Refused, before anything is written: a faiss file whose vector count is not the corpus's passage count
-    or whose dimension is not the encoder's (:class:`IndexMismatchError` naming both numbers and files), a
-    faiss class or metric zerosim does not serve, a corpus with repeated ids. Prefixes default to what the
+    Refused, before anything is written: a faiss file that holds no vectors (before the encoder loads), one
+    whose vector count is not the corpus's passage count or whose dimension is not the encoder's
+    (:class:`IndexMismatchError` naming both numbers and files), a faiss class or metric zerosim does not
+    serve, a corpus with repeated ids. Prefixes default to what the
     encoder expects (e5: ``"query: "`` / ``"passage: "``). The stored vectors of the first passages are
     compared with the encoder's (a warning below cosine 0.98: wrong encoder, pooling or prefix; not for
     IVF-PQ, whose codes are lossy). ``out`` is written atomically (eval.index.staged_dir); the faiss file and
@@ -183,6 +184,12 @@ def import_index(
             f"{faiss_file} is not a faiss index faiss can read ({reason}); pass the file faiss.write_index wrote"
         ) from None
     faiss_type, metric, options = _faiss_settings(index, faiss_file)
+    if index.ntotal == 0:  # before the encoder loads: an index of nothing serves no search
+        raise ValueError(
+            f"{faiss_file} holds no vectors (an empty faiss {type(index).__name__}); pass the index after its "
+            "passages' vectors were added (faiss index.add, then faiss.write_index), or build one with: zerosim "
+            "index build --corpus CORPUS --kind dense --out DIR"
+        )
 
     name = resolve_encoder(encoder)[0]
     model = load_encoder(encoder, device, pooling)

@@ -225,7 +225,7 @@ def test_a_bad_search_r1_row_names_file_row_and_fix(tmp_path, change, words):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    good, bad = _search_r1_row(0, "q?", ["a"]), _search_r1_row(1, "q?", ["a"])
+    good, bad = _search_r1_row(0, "q?", ["Lima"]), _search_r1_row(1, "q?", ["Lima"])  # not "a" (an article)
     change(bad)
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist([good, bad]), path)

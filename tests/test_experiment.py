@@ -352,7 +352,7 @@ def test_a_stage_whose_record_shows_todays_work_is_reused_whatever_key_it_was_wr
         plain = json.loads(json.dumps(_plain(config or stage.config), default=str))
         if stage.kind == "train":  # written before the encoder default became unset
             plain["search"]["dense"]["encoder"] = "minilm"
-        written = {"key": key, "meta": stage.meta, "finished": finished, "config": plain}
+        written = {"key": key, "meta": stage.meta, "finished": finished, "config": plain, "outputs": {}}
         (stage.dir(root) / STAGE_FILE).write_text(json.dumps(written))
 
     for stage in stages:
@@ -477,7 +477,7 @@ def test_estimates_learn_only_from_stages_timed_on_a_quiet_machine(tmp_path):
 
     def finished(seconds, **extra):
         sft.dir(root).mkdir(parents=True, exist_ok=True)
-        record = {"key": sft.key, "seconds": seconds, **extra}
+        record = {"key": sft.key, "seconds": seconds, "outputs": {"path": "x"}, **extra}
         (sft.dir(root) / "stage.json").write_text(json.dumps(record))
 
     slow = 15.0 + 100 * RATES["sft"] * sft.config.max_steps

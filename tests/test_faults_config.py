@@ -157,6 +157,17 @@ def files(tmp_path) -> dict[str, Path]:
         "badrow.jsonl": (qa_line(0) + qa_line(1) + '{"id": "q2", "question": "x?"}\n').encode(),
         "latin1.jsonl": qa_line(0).encode()
         + '{"id": "q1", "question": "Où?", "golden_answers": ["é"]}\n'.encode("latin-1"),
+        # ids 1 and "1": one id once read (the report would score them as one question)
+        "dupid.jsonl": (
+            qa_line(0)
+            + '{"id": 1, "question": "x?", "golden_answers": ["a b"]}\n'
+            + '{"id": "1", "question": "y?", "golden_answers": ["c"]}\n'
+        ).encode(),
+        # answers that normalise to nothing: no prediction could ever match them
+        "noanswer.jsonl": (qa_line(0) + '{"id": "q1", "question": "x?", "golden_answers": [""]}\n').encode(),
+        "article.jsonl": (
+            qa_line(0) + '{"id": "q1", "question": "x?", "golden_answers": ["The", "a"]}\n'
+        ).encode(),
         "dup.yaml": b"trainer:\n  max_steps: 3\n  learning_rate: 1e-5\n  max_steps: 4\n",
         "malformed.yaml": b"trainer:\n  max_steps: [3\n  learning_rate: 1e-5\n",
         "tab.yaml": b"trainer:\n\tmax_steps: 3\n",
@@ -245,9 +256,18 @@ TRAIN_DRY_RUN = [
     ("validation-data-malformed", ["data.train={good.jsonl}", "validation.every=2", "validation.data={badrow.jsonl}"], ["validation.data", "badrow.jsonl line 3"]),
     ("warmstart-data-malformed", ["data.train={good.jsonl}", "warmstart.enabled=true", "warmstart.data={latin1.jsonl}"], ["warmstart.data", "latin1.jsonl line 2"]),
     ("prompts-file-malformed", ["data.train={good.jsonl}", "search.simulator.prompts_file={prompts.yaml}"], ["prompts.yaml"]),
+    ("data-repeated-id", ["data.train={dupid.jsonl}"], ["data.train", "dupid.jsonl line 3", "question id '1' repeats the id of line 2"]),
+    ("data-answer-empty", ["data.train={noanswer.jsonl}"], ["noanswer.jsonl line 2", "'golden_answers'", "normalisation"]),
+    ("data-answers-only-articles", ["data.train={article.jsonl}"], ["article.jsonl line 2", "['The', 'a']", "normalisation"]),
+    ("validation-data-repeated-id", ["data.train={good.jsonl}", "validation.every=2", "validation.data={dupid.jsonl}"], ["validation.data", "dupid.jsonl line 3"]),
     ("factbook-unknown-split", ["data.split=validation"], ["data.train", "splits train, dev, test", "'validation'"]),
     ("bm25-corpus-missing", ["data.train={good.jsonl}", "search.engine=bm25", "search.bm25.corpus=nope.jsonl"], ["search.bm25.corpus", "nope.jsonl"]),
     ("noise-without-negatives", ["data.train={good.jsonl}", "search.engine=bm25", "search.negatives=none"], ["search.negatives=none", "curriculum.p_end=0"]),
+    # a reranker the build could not load offline (HF_HUB_OFFLINE=1): refused before the policy loads
+    ("reranker-hub-id-not-cached", ["data.train={good.jsonl}", "search.engine=bm25", "search.rerank.model=cross-encoder/zerosim-never-cached"], ["search.rerank.model", "not in the Hugging Face cache", "search.rerank.model=null"]),
+    ("reranker-relative-path-missing", ["data.train={good.jsonl}", "search.engine=bm25", "search.rerank.model=models/reranker"], ["search.rerank.model", "models/reranker is no local folder"]),
+    # tracking.log_model logs the final checkpoint: without one it used to be dropped silently
+    ("log-model-without-final-checkpoint", ["tracking.log_model=true", "trainer.save_final=false"], ["tracking.log_model=true", "set trainer.save_final=true"]),
     # item 9: YAML that used to end in a traceback
     ("yaml-duplicate-key", ["--config", "{dup.yaml}"], ["dup.yaml line 4", "duplicate key 'max_steps'"]),
     ("yaml-malformed", ["--config", "{malformed.yaml}"], ["malformed.yaml line 3", "malformed YAML"]),
@@ -272,7 +292,8 @@ def _fill(args, files):
 
 
 @pytest.mark.parametrize("args, words", [c[1:] for c in TRAIN_DRY_RUN], ids=[c[0] for c in TRAIN_DRY_RUN])
-def test_train_dry_run_refuses_bad_input(cli, files, tmp_path, args, words):
+def test_train_dry_run_refuses_bad_input(cli, files, tmp_path, monkeypatch, args, words):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as the suite runs (conftest): the hub cannot be reached
     result = cli("train", "--dry-run", *_fill(args, files))
     _fails_cleanly(result, *words)
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
@@ -311,6 +332,22 @@ EXPERIMENT_INPUTS = [
     ("seeds-twice", ["seeds=[0,0]"], ["seeds lists 0 more than once"]),
     ("seed-negative", ["seeds=[0,-1]"], ["seeds[1] must be >= 0"]),
     ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "does not exist"]),
+    # an arm's name is its report row and its folders: a baseline's row name merged the two into one row
+    ("arm-named-like-rag-baseline", ["arms.base-rag.rl=false"], ["arms.base-rag", "rag baseline", "rename the arm"]),
+    ("arm-named-like-direct-baseline", ["arms.base-direct.overrides=[search.engine=bm25]"], ["arms.base-direct", "direct baseline"]),
+    ("arm-name-with-a-slash", ["arms.a/b.rl=false"], ["arms.'a/b'", "^[a-z0-9][a-z0-9._-]*$", "arms.a-b"]),
+    ("arm-name-uppercase", ["arms.Real2.rl=false"], ["arms.'Real2'", "rename the arm, e.g. arms.real2"]),
+    ("arm-name-empty", ['arms={"": {rl: false}}'], ["arms.''", "^[a-z0-9][a-z0-9._-]*$"]),
+    ("output-dir-is-a-file", ["output_dir=a-file"], ["output_dir", "a-file is an existing file, not a folder"]),
+    ("log-model-without-final-checkpoint", ["tracking.log_model=true", "overrides=[trainer.save_final=false]"], ["arms.", "tracking.log_model=true", "trainer.save_final=false"]),
+    # inputs only a training or evaluation stage reads, hours in: read as that stage's job reads them, first
+    ("launcher-not-a-program", ["train_launcher=acelerate launch --num_processes 2"], ["train_launcher", "'acelerate' is not a program on PATH"]),
+    ("arm-training-file-missing", ["arms.real.overrides=[search.engine=bm25,data.train=qa/typo.jsonl]"], ["data.train", "qa/typo.jsonl does not exist"]),
+    ("arm-corpus-missing", ["arms.real.overrides=[search.engine=bm25,search.bm25.corpus=corp/typo.jsonl]"], ["train-real-s0: search.bm25.corpus", "corp/typo.jsonl does not exist"]),
+    # an eval stage searches and rolls out as the base recipe does: an override of those would be dropped
+    ("eval-override-replaced", ["eval.overrides=[search.bm25.corpus=corp/typo.jsonl]"], ["eval.overrides: search.bm25.corpus=corp/typo.jsonl would be replaced", "overrides="]),
+    ("recipe-corpus-missing", ["overrides=[search.bm25.corpus=corp/typo.jsonl]"], ["search.bm25.corpus", "corp/typo.jsonl does not exist"]),
+    ("warmstart-file-missing", ["warmstart=[warmstart.data=ws/typo.jsonl]"], ["warmstart.data", "ws/typo.jsonl does not exist"]),
 ]  # fmt: skip
 
 
@@ -322,6 +359,7 @@ def test_experiment_refuses_what_a_later_stage_would_read(cli, tmp_path, args, w
     from zerosim.experiment import load_experiment, run_experiment
 
     base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path / 'exp'}"]
+    (tmp_path / "a-file").write_text("not a folder\n")  # the cli fixture runs in tmp_path
     _fails_cleanly(cli("experiment", "--config", SMOKE, "--dry-run", *base, *args), *words)
     with pytest.raises(Exception) as err:
         run_experiment(load_experiment(SMOKE, [*base, *args]), echo=lambda line: None)
@@ -355,6 +393,113 @@ def test_non_utf8_data_names_file_and_line_in_normal_loading(files):
     with pytest.raises(DataError, match=r"latin1\.jsonl line 2: not UTF-8 text \(byte 0xf9"):
         load_qa(files["latin1.jsonl"])
     assert len(load_qa(files["bom.jsonl"])) == 4
+
+
+def _flashrag(qid, answers):
+    return {"id": qid, "question": "Capital of Peru?", "golden_answers": answers}
+
+
+def _search_r1(index, answers, source="nq"):
+    """A Search-R1 training row (no 'id': extra_info.index is its id)."""
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": "Answer it. Question: Capital of Peru?\n"}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": answers}},
+        "extra_info": {"split": "train", "index": index},
+    }
+
+
+# (id, file suffix, rows, words the DataError must hold): every QA loader applies one row check (an answer
+# that survives normalisation) and one data-set check (unique ids, compared as text)
+QA_LOADER_FAULTS = [
+    ("jsonl-answer-empty", ".jsonl", [_flashrag("a", ["Lima"]), _flashrag("b", [""])], ["line 2", "'golden_answers'", "normalisation"]),
+    ("jsonl-answer-article", ".jsonl", [_flashrag("a", ["the"])], ["line 1", "['the']", "give the row a real answer"]),
+    ("jsonl-answer-punctuation", ".jsonl", [_flashrag("a", ["?", " "])], ["line 1", "normalisation"]),
+    ("parquet-answer-article", ".parquet", [_flashrag("a", ["Lima"]), _flashrag("b", ["An"])], ["row 2", "'golden_answers'"]),
+    ("search-r1-target-article", ".parquet", [_search_r1(0, ["Lima"]), _search_r1(1, ["the"])], ["row 2", "'reward_model.ground_truth.target'", "normalisation"]),
+    ("search-r1-target-empty (already refused)", ".parquet", [_search_r1(0, [""])], ["row 1", "'reward_model.ground_truth.target'"]),
+    ("jsonl-id-int-and-str", ".jsonl", [_flashrag(1, ["Lima"]), _flashrag("x", ["Oslo"]), _flashrag("1", ["Rome"])], ["line 3: question id '1' repeats the id of line 1", '1 and "1" are one id']),
+    ("jsonl-ids-repeated-twice", ".jsonl", [_flashrag("a", ["Lima"]), _flashrag("a", ["Oslo"]), _flashrag("a", ["Rome"])], ["line 2", "(1 more repeated id(s) after it)"]),
+    ("parquet-id-repeated", ".parquet", [_flashrag("q7", ["Lima"]), _flashrag("q7", ["Oslo"])], ["row 2: question id 'q7' repeats the id of row 1"]),
+    ("search-r1-merged-sources", ".parquet", [_search_r1(0, ["Lima"]), _search_r1(0, ["Oslo"], source="hotpotqa")], ["row 2: question id '0' repeats the id of row 1", "add an 'id' column"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "suffix, rows, words", [c[1:] for c in QA_LOADER_FAULTS], ids=[c[0] for c in QA_LOADER_FAULTS]
+)
+def test_qa_loaders_refuse_unscorable_answers_and_repeated_ids(tmp_path, suffix, rows, words):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zerosim.core.data import DataError, load_qa
+
+    path = tmp_path / f"qa{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as err:
+        load_qa(path)
+    message = str(err.value)
+    assert message.startswith(f"{path} ") and "\n" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_qa_loaders_keep_a_row_with_one_scorable_answer(tmp_path):
+    """Only a row with no answer left after normalisation is refused: one real answer among empty ones counts."""
+    from zerosim.core.data import load_qa
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        json.dumps(_flashrag(1, ["the", "", "Lima"])) + "\n" + json.dumps(_flashrag(2, ["a b"])) + "\n"
+    )
+    assert [(ex.id, ex.golden_answers) for ex in load_qa(path)] == [
+        ("1", ("the", "", "Lima")),
+        ("2", ("a b",)),
+    ]
+
+
+def test_a_reranker_is_refused_offline_only_when_the_cache_lacks_it(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE's rule: a hub id loads offline from the cache, so only an id it lacks is refused; online
+    any well-formed id may be fetched at start."""
+    from huggingface_hub import constants
+
+    from zerosim.engines import rerank_source
+
+    snapshot = tmp_path / "hub" / "models--org--reranker" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--reranker" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--reranker" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert rerank_source("org/reranker") == "Hugging Face id"
+    with pytest.raises(ConfigError, match="org/other is no local folder and not in the Hugging Face cache"):
+        rerank_source("org/other")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    assert rerank_source("org/other") == "Hugging Face id"
+
+
+def test_experiment_log_model_reaches_every_arm_and_changes_no_stage_key(tmp_path):
+    """The experiment's own tracking.log_model=true is given to each arm's training job (its final policy is
+    logged); where runs are logged is no part of a key, so finished stages are reused as they were."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"]
+    stages = {}
+    for log in ("false", "true"):
+        cfg = load_experiment(SMOKE, [*base, f"tracking.log_model={log}"])
+        stages[log] = build_stages(cfg, cfg.root)
+    assert [s.key for s in stages["true"]] == [s.key for s in stages["false"]]
+    trains = [s for s in stages["true"] if s.kind == "train"]
+    assert trains and all(s.config.tracking.log_model for s in trains)
+    assert not any(s.config.tracking.log_model for s in stages["false"] if s.kind == "train")
+    evals = [s for s in stages["true"] if s.kind == "eval"]
+    assert evals and not any(s.config.tracking.log_model for s in evals)  # an eval has no model to log
 
 
 # -- errors out of the commands: one line, exit 2; the traceback on request ------------------------------------

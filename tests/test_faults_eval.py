@@ -37,12 +37,26 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "empty.jsonl").write_text("")
     (tmp / "blank.jsonl").write_text("\n  \n")
     (tmp / "bad.jsonl").write_text(qa_line(0) + '{"id": "q1", "question": "x?"}\n')
+    # ids 1 and "1" are one id once read: the scores of both questions went under one id
+    (tmp / "dupid.jsonl").write_text(
+        qa_line(0)
+        + "".join(
+            json.dumps({"id": i, "question": f"{i} capital?", "golden_answers": ["Lima"]}) + "\n"
+            for i in (1, "1")
+        )
+    )
+    # an answer normalised away ("the"): scored 0 whatever the policy says
+    (tmp / "the.jsonl").write_text(qa_line(0) + qa_line(1, "the"))
+    (tmp / "blank-answer.jsonl").write_text(qa_line(0, ""))
+    (tmp / "a-file").write_text("not a folder\n")
     return {"toy": str(tmp / "toy.jsonl"), "empty": str(tmp / "empty.jsonl"),
             "blank": str(tmp / "blank.jsonl"), "bad": str(tmp / "bad.jsonl"),
-            "missing": str(tmp / "missing.jsonl")}  # fmt: skip
+            "missing": str(tmp / "missing.jsonl"), "dupid": str(tmp / "dupid.jsonl"),
+            "the": str(tmp / "the.jsonl"), "blank-answer": str(tmp / "blank-answer.jsonl")}  # fmt: skip
 
 
-# (id, --dataset value (names from _files, comma-separated), extra CLI args, words the message must hold)
+# (id, --dataset value (names from _files, comma-separated), extra CLI args after the test's own ({tmp}: the
+# test's folder; --method direct unless they say otherwise), words the message must hold)
 CLI_CASES = [
     ("empty-dataset-file", "empty", [], ["empty", "no rows"]),
     ("blank-lines-only", "blank", [], ["blank", "no rows"]),
@@ -50,9 +64,18 @@ CLI_CASES = [
     ("limit-negative", "toy", ["--limit", "-1"], ["limit"]),
     ("batch-size-0", "toy", ["batch_size=0"], ["batch_size"]),
     ("same-dataset-twice", "toy,toy", [], ["twice"]),
+    ("repeated-question-id", "dupid", [], ["dupid.jsonl line 3", "question id '1' repeats the id of line 2"]),
+    ("answers-only-articles", "the", [], ["the.jsonl line 2", "'golden_answers'", "normalisation"]),
+    ("answer-blank", "blank-answer", [], ["blank-answer.jsonl line 1", "normalisation"]),
+    ("output-dir-is-a-file", "toy", ["output_dir={tmp}/a-file"], ["output_dir", "a-file is an existing file"]),
+    ("output-dir-under-a-file", "toy", ["output_dir={tmp}/a-file/evals"], ["output_dir", "a-file is an existing file"]),
+    ("log-model", "toy", ["tracking.log_model=true"], ["tracking.log_model=true", "on the training job"]),
+    # a reranker the engine could not load offline: refused before the policy, not by the library after it
+    ("reranker-hub-id-not-cached", "toy", ["--method", "rag", "search.rerank.model=cross-encoder/zerosim-never-cached"], ["search.rerank.model", "not in the Hugging Face cache", "=null"]),
+    ("reranker-relative-path-missing", "toy", ["--method", "agent", "search.rerank.model=models/reranker"], ["search.rerank.model", "models/reranker is no local folder"]),
     ("missing-file (already worked)", "missing", [], ["missing.jsonl", "no such file"]),
     ("malformed-row (already worked)", "bad", [], ["bad.jsonl line 2", "golden_answers"]),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("dataset, args, words", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
@@ -70,13 +93,15 @@ def test_bad_eval_input_stops_before_a_model_loads(
     monkeypatch.setattr(zerosim.core.models, "load_causal_lm", no_model)
     monkeypatch.setattr(zerosim.core.models, "load_tokenizer", no_model)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")  # restored after the test (mlflow_run would set it)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as the suite runs (conftest): the hub cannot be reached
     files = _files(tmp_path)
     db = tmp_path / "mlflow.db"
     result = CliRunner().invoke(
         app,
         ["eval", "--policy", str(tiny_model_dir), "--method", "direct",
-         "--dataset", ",".join(files[d] for d in dataset.split(",")), *args,
-         f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri=sqlite:///{db}"],
+         "--dataset", ",".join(files[d] for d in dataset.split(",")),
+         f"output_dir={tmp_path / 'out'}", f"tracking.tracking_uri=sqlite:///{db}",
+         *(a.format(tmp=tmp_path) for a in args)],
     )  # fmt: skip
     message = " ".join(result.output.split())
     assert result.exit_code == 2, (result.exit_code, message, result.exception)
@@ -97,6 +122,40 @@ def test_evaluator_rejects_zero_rows_and_batch_size_0(tiny_model_dir):
         Evaluator(EvalConfig(method="direct", batch_size=0), model, tok, None)
     with pytest.raises(ValueError, match="dataset nq .*no rows to evaluate"):
         Evaluator(EvalConfig(method="direct"), model, tok, None).evaluate("nq", [], progress=False)
+
+
+# -- the experiment's report: one score per (dataset, question id) ------------------------------------------
+
+
+def _question(dataset: str, qid, em: float) -> dict:
+    return {"dataset": dataset, "id": qid, "em": em, "f1": em, "cover_em": em}
+
+
+# (id, questions.jsonl rows, words the DataError must hold; None: read, one score per row)
+SCORES_CASES = [
+    ("same-id-twice", [_question("nq", "q1", 1.0), _question("nq", "q2", 0.0), _question("nq", "q1", 0.0)],
+     ["questions.jsonl line 3", "dataset 'nq' question id 'q1' repeats line 1", "unique"]),
+    ("int-and-str-id", [_question("nq", 1, 1.0), _question("nq", "1", 0.0)], ["line 2", "question id '1'"]),
+    ("same-id-in-two-datasets (fine)", [_question("nq", "q1", 1.0), _question("hotpotqa", "q1", 0.0)], None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("rows, words", [c[1:] for c in SCORES_CASES], ids=[c[0] for c in SCORES_CASES])
+def test_report_refuses_a_questions_file_that_repeats_an_id(tmp_path, rows, words):
+    """Keyed by id, a repeated question replaced the first: 4 questions under one id reported n=1."""
+    from zerosim.core.data import DataError
+    from zerosim.experiment.report import _scores
+
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if words is None:
+        scores = _scores(path)
+        assert sum(len(questions) for questions in scores.values()) == len(rows)
+        return
+    with pytest.raises(DataError) as err:
+        _scores(path)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
 
 
 # -- dataset names: distinct, by folder when the file is named after its split ------------------------------

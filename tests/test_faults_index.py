@@ -291,6 +291,43 @@ def test_missing_corpus_and_missing_index_are_named(tmp_path):  # already worked
         load_index(tmp_path / "no-index")
 
 
+# -- imports that must be refused: before the encoder loads, nothing written ----------------------------
+
+# (id, passages of the corpus given with the faiss file, words the error must hold)
+IMPORT_FAULTS = [
+    # an index of 0 vectors over an empty corpus counted 0 == 0 and was written as an index of nothing
+    pytest.param([], ("holds no vectors", "an empty faiss IndexFlatIP", "zerosim index build"), id="empty-faiss-empty-corpus"),
+    pytest.param(PASSAGES, ("holds no vectors",), id="empty-faiss-full-corpus"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("passages", "expect"), IMPORT_FAULTS)
+def test_bad_faiss_import_is_refused_before_the_encoder_loads(passages, expect, tmp_path, monkeypatch):
+    import faiss
+    from typer.testing import CliRunner
+
+    import eval.dense
+    from zerosim.cli import app
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the encoder was loaded for an import that cannot be served")
+
+    monkeypatch.setattr(eval.dense, "load_encoder", no_encoder)
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", passages)
+    faiss.write_index(faiss.IndexFlatIP(32), str(tmp_path / "e5_Flat.index"))
+    result = CliRunner().invoke(
+        app,
+        ["index", "import", "--faiss", str(tmp_path / "e5_Flat.index"), "--corpus", str(corpus),
+         "--encoder", "minilm", "--out", str(tmp_path / "index")],
+    )  # fmt: skip
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert str(tmp_path / "e5_Flat.index") in lines[0], lines[0]
+    for fragment in expect:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert not (tmp_path / "index").exists()
+
+
 # -- configured engines: the corpus, kind and partner of an index_dir are checked ------------------------
 
 

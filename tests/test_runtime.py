@@ -106,9 +106,9 @@ def test_train_says_at_start_which_cpu_it_runs_on_and_why_its_update_is_bf16_or_
 ):
     import torch
 
-    from zerosim.cli import machine_line
     from zerosim.core.config import load_config
     from zerosim.training.config import TrainConfig
+    from zerosim.training.recipe import machine_line
 
     kind = "Some CPU, 2 cores, " + ("AMX" if amx else "AVX2 (no AMX)")
     monkeypatch.setattr("zerosim.core.runtime.cpu_kind", lambda: kind)

@@ -184,41 +184,12 @@ def train(
         return
     from zerosim.training.recipe import train as run_training
 
-    console.print(
-        machine_line(cfg), markup=False, highlight=False
-    )  # what a time printed after is measured on
     started = time.perf_counter()
     result = run_training(cfg)
     minutes = (time.perf_counter() - started) / 60
     console.print(
         f"[bold green]done[/] {result.steps} steps in {minutes:.1f} min · MLflow run {result.run_id} "
         f"({cfg.tracking.tracking_uri}) · checkpoint {result.checkpoint}"
-    )
-
-
-def machine_line(cfg) -> str:
-    """``machine: <CPU kind or GPU> · update in bf16|fp32 (trainer.bf16=...: why)``."""
-    import torch
-
-    from zerosim.core.runtime import cpu_kind
-    from zerosim.training.speedups import cpu_autocast_bf16
-
-    t = cfg.trainer
-    setting = {None: "auto", True: "true", False: "false"}[t.bf16]
-    if torch.cuda.is_available():
-        return f"machine: {torch.cuda.get_device_name()} (CUDA) · trainer.bf16={setting} (the GPU recipe's precision)"
-    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0)
-    kind = cpu_kind()
-    if setting != "auto":
-        why = "as set"
-    elif bf16:
-        why = "AMX multiplies bf16 in hardware"
-    elif "AMX" not in kind.replace("no AMX", ""):
-        why = "no AMX on this CPU"
-    else:
-        why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
-    return (
-        f"machine: {kind} · update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
     )
 
 
@@ -245,8 +216,10 @@ def evaluate(
         flags["datasets"] = "[" + ",".join(json.dumps(n) for n in names) + "]"
     cfg = _load(config, flags, overrides, EvalConfig)
     from eval.run import run_eval
-    from zerosim.engines import build_search_engine
+    from zerosim.engines import build_search_engine, preflight
 
+    if cfg.method != "direct":  # the engine build's own checks (paths, reranker), before the policy loads
+        preflight(cfg.search)
     result = run_eval(cfg, build_engine=build_search_engine)
     typer.echo(result.markdown)
     console.print(f"[bold green]done[/] MLflow run {result.run_id} · {result.out_dir}")

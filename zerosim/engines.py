@@ -475,9 +475,31 @@ ENGINES: dict[EngineName, EngineKind] = {
 # -- the cross-encoder over a real retriever (search.rerank) ---------------------------------------------------
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub may not be reached (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` true, read
+    now as huggingface_hub reads them at import): a hub id must then be in the local cache."""
+    import os
+
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return constants.is_offline_mode() or flag.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the hub model ``repo_id`` is in the local Hugging Face cache (its ``config.json``)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id (HFValidationError)
+        return False
+
+
 def rerank_source(model: str, key: str = "search.rerank.model") -> str:
     """Where the cross-encoder ``model`` comes from: ``"local folder"`` or ``"Hugging Face id"``; a path-like
-    name that does not exist, or a folder without ``config.json``, raises :class:`ConfigError` naming ``key``."""
+    name that does not exist, a folder without ``config.json``, or — offline (:func:`hub_offline`) — a name that
+    is neither a folder nor in the Hugging Face cache, raises :class:`ConfigError` naming ``key``."""
     from pathlib import Path
 
     path = Path(model).expanduser()
@@ -492,6 +514,12 @@ def rerank_source(model: str, key: str = "search.rerank.model") -> str:
         raise ConfigError(
             f"{key}: {model} does not exist; pass a cross-encoder folder or a Hugging Face id (e.g. "
             f"cross-encoder/ms-marco-MiniLM-L-6-v2), or {key}=null for no reranking"
+        )
+    if hub_offline() and not in_hub_cache(model):
+        raise ConfigError(
+            f"{key}: {model} is no local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE forbids "
+            f"fetching it; download it while online (huggingface-cli download {model}), point {key} at a "
+            f"cross-encoder folder, or set {key}=null for no reranking"
         )
     return "Hugging Face id"
 

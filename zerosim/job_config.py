@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from eval.config import HarnessConfig
 from simulators.config import CollectConfig
+from zerosim.core.config import ConfigError
 from zerosim.engines import EngineName, SearchConfig
 
 
@@ -18,6 +19,15 @@ class EvalConfig(HarnessConfig):
     """``zerosim eval``: a policy answers QA datasets with one method and one search engine."""
 
     search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
+
+    def validate(self, prefix: str) -> None:
+        """An evaluation trains nothing, so it has no model of its own to log (``tracking.log_model``)."""
+        if self.tracking.log_model:
+            raise ConfigError(
+                f"{prefix}tracking.log_model=true: an evaluation trains no model, so it has none to log; set "
+                "tracking.log_model=true on the training job (zerosim train, zerosim simulator train) that "
+                f"writes the policy, and {prefix}tracking.log_model=false here"
+            )
 
 
 @dataclass

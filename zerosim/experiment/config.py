@@ -3,6 +3,7 @@ the report. Each stage's job reads its own schema; these only say how to build t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,14 @@ SIMULATOR_PLACEHOLDER = "{simulator}"  # in an arm's overrides: the experiment's
 # in an arm's overrides: the mean noise probability of the base recipe's curriculum over its trainer.max_steps
 # (the experiment's overrides applied), e.g. curriculum.p_end={curriculum_mean} with curriculum.schedule=constant
 CURRICULUM_MEAN = "{curriculum_mean}"
+# an arm's name: its report row, MLflow metric prefix, run.name and stage folders (train-<arm>-s<seed>)
+ARM_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+
+
+def baseline_arm(method: str) -> str:
+    """The report row of the untrained policy's baseline ``method`` (``base-direct``, ``base-rag``), which no
+    arm may take: rows of one name are one row, their scores averaged as seeds of one arm."""
+    return f"base-{method}"
 
 
 @dataclass
@@ -144,8 +153,33 @@ class ExperimentConfig:
         return {name: arm for name, arm in self.arms.items() if arm.enabled}
 
 
+def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
+    """Every arm's name fits :data:`ARM_NAME` and is no baseline's row (:func:`baseline_arm`). Distinct names
+    stay distinct once named: a report row is the name itself, and its stages (``train-<arm>-s<seed>``,
+    ``eval-<arm>-s<seed>-<engine>``) end in a seed and an engine that hold no name's characters apart."""
+    baselines = {baseline_arm(m.value): m.value for m in Method}
+    for name in arms:
+        if not ARM_NAME.match(name):
+            fixed = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "arm"
+            raise ConfigError(
+                f"arms.{name!r}: an arm's name becomes its report row, its run's name and its stage folders "
+                "(train-<arm>-s<seed>), so it must be lowercase letters, digits, '.', '_' or '-', starting "
+                f"with a letter or digit (^[a-z0-9][a-z0-9._-]*$); rename the arm, e.g. arms.{fixed}"
+            )
+        if name in baselines:
+            raise ConfigError(
+                f"arms.{name}: {name} is the report row of the untrained policy's {baselines[name]} baseline, so "
+                f"the arm and the baseline would be averaged as seeds of one row; rename the arm, e.g. "
+                f"arms.{name.replace('base-', 'warm-', 1)}"
+            )
+
+
 def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    from eval.run import check_output_folder
+
     cfg = load_config(path, overrides, schema=ExperimentConfig)
+    check_output_folder(cfg.root, "output_dir")  # <output_dir>/<name>: every stage writes under it
+    _check_arm_names(cfg.arms)
     arms = cfg.enabled_arms()
     if not arms:
         raise ConfigError("every arm is disabled (arms.<name>.enabled=false): enable at least one")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zerosim.agent.rewards import METRICS as ANSWER_METRICS
-from zerosim.core.data.jsonl import read_jsonl
+from zerosim.core.data.jsonl import DataError, at_line, iter_jsonl
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.tracking import code_version
 from zerosim.experiment.config import ExperimentConfig
@@ -37,10 +37,21 @@ class EvalScores:
 
 
 def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
-    """dataset -> question id -> metric -> score, from an eval stage's questions.jsonl."""
+    """dataset -> question id -> metric -> score, from an eval stage's questions.jsonl. A (dataset, id) met
+    twice is refused: keyed by id, the second question would silently replace the first (``n`` would count
+    questions that share an id as one)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for row in read_jsonl(path):
-        out.setdefault(row["dataset"], {})[row["id"]] = {m: float(row[m]) for m in METRICS}
+    lines: dict[tuple[str, str], int] = {}
+    for line, row in iter_jsonl(path):
+        dataset, qid = row["dataset"], str(row["id"])
+        if (dataset, qid) in lines:
+            raise DataError(
+                f"{at_line(path, line)}: dataset {dataset!r} question id {qid!r} repeats line "
+                f"{lines[dataset, qid]}; the report pairs questions by id, so each must be unique: give each "
+                "question of that data set its own id, then run its eval stage again"
+            )
+        lines[dataset, qid] = line
+        out.setdefault(dataset, {})[qid] = {m: float(row[m]) for m in METRICS}
     return out
 
 

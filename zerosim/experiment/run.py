@@ -22,6 +22,7 @@ from zerosim.experiment.keys import status
 from zerosim.experiment.kinds import (
     KINDS,
     STAGE_FILE,
+    Kind,
     Stage,
     read_json,
     read_stage,
@@ -96,10 +97,12 @@ def statuses(stages: Sequence[Stage], root: Path) -> dict[str, str]:
     return state
 
 
-def check_inputs(cfg: ExperimentConfig) -> None:
+def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
     """What a later stage would read, checked before the first one runs (and by ``--dry-run``): the held-out
-    datasets that are local files, a ready simulator given as a path, the MLflow store — so a typo does not
-    cost every training arm before the first evaluation stops on it."""
+    datasets that are local files, a ready simulator given as a path, the MLflow store, the training launcher,
+    and for each of ``stages`` the inputs no other stage produces — its training and warm-start questions,
+    the corpora, indexes, servers and reranker of its real retrievers — so a typo does not cost every
+    training arm before the first evaluation stops on it."""
     from eval.run import dataset_names
     from zerosim.core.config import ConfigError
     from zerosim.core.data.embedded import SPLITS
@@ -125,11 +128,53 @@ def check_inputs(cfg: ExperimentConfig) -> None:
             resolve_model(cfg.simulator.model)
         except ModelError as exc:
             raise ConfigError(f"simulator.model: {exc}") from None
+    if cfg.train_launcher:
+        import shlex
+        import shutil as sh
+
+        program = (shlex.split(cfg.train_launcher) or [""])[0]
+        if sh.which(program) is None:
+            raise ConfigError(
+                f"train_launcher: {program!r} is not a program on PATH here; give the launcher's full path "
+                "(e.g. `accelerate launch --num_processes 8`, with accelerate installed) or leave it unset"
+            )
+    _stage_inputs(stages)
+
+
+def _stage_inputs(stages: Sequence[Stage]) -> None:
+    """Each stage's own inputs (what no stage before it writes), read as its job would read them first."""
+    from zerosim.engines import EngineName, preflight
+    from zerosim.training.dry_run import _data
+
+    read: set[tuple[str, ...]] = set()
+
+    def once(key: tuple[str, ...], check: Callable[[], Any]) -> None:
+        if key not in read:
+            read.add(key)
+            check()
+
+    def search(c: Any, prefix: str) -> None:  # the simulator's model is another stage's (or simulator.model)
+        if EngineName(c.engine) not in (EngineName.simulator, EngineName.mixed):
+            once(("search", prefix, repr(c)), lambda: preflight(c, prefix=prefix))
+
+    for stage in stages:
+        c = stage.config
+        if stage.kind in (Kind.train, Kind.warmstart):
+            if stage.kind == Kind.train:
+                d = c.data
+                once(("data", d.train, d.split), lambda d=d: _data(d.train, d.split, "data.train"))
+                search(c.search, f"{stage.name}: search.")
+            if c.warmstart.enabled:
+                w = c.warmstart
+                once(("data", w.data, w.split), lambda w=w: _data(w.data, w.split, "warmstart.data"))
+                search(w.search, f"{stage.name}: warmstart.search.")
+        elif stage.kind == Kind.eval and stage.config.method != "direct":
+            search(c.search, f"{stage.name}: search.")
 
 
 def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
     """(stage, status, estimate, what) for ``--dry-run``."""
-    check_inputs(cfg)
+    check_inputs(cfg, stages)
     est = estimates(stages, root)
     state_of = statuses(stages, root)
     rows = []
@@ -246,7 +291,7 @@ def run_experiment(
     """
     root = Path(cfg.output_dir) / cfg.name
     stages = build_stages(cfg, root)
-    check_inputs(cfg)
+    check_inputs(cfg, stages)
     with folder_lock(root):
         return _run_locked(cfg, root, stages, echo, stop_after)
 

@@ -25,7 +25,7 @@ from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
 from zerosim.core.config import EMBEDDED_MODEL, ConfigError, load_config
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName
-from zerosim.experiment.config import CURRICULUM_MEAN, SIMULATOR_PLACEHOLDER, ExperimentConfig
+from zerosim.experiment.config import CURRICULUM_MEAN, SIMULATOR_PLACEHOLDER, ExperimentConfig, baseline_arm
 from zerosim.experiment.keys import fingerprint
 from zerosim.experiment.kinds import KINDS, Kind, Stage
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
@@ -245,11 +245,26 @@ def _arms(
             ],
             f"arms.{name}",
         )
+        train = _logging_model(train, cfg, name)
         deps = [*start.deps, *(simulator.deps if uses_simulator else ())]
         stage = Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes)
         stages.append(stage)
         policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
     return policies
+
+
+def _logging_model(train: TrainConfig, cfg: ExperimentConfig, name: str) -> TrainConfig:
+    """An arm's training job with the experiment's ``tracking.log_model=true``: its final policy logged to its
+    run as an MLflow model. Where runs are logged is no part of a stage's key, so this re-runs nothing."""
+    if not cfg.tracking.log_model:
+        return train
+    if not train.trainer.save_final:
+        raise ConfigError(
+            f"arms.{name}: tracking.log_model=true logs each arm's final policy, but this arm trains with "
+            "trainer.save_final=false and saves none: drop trainer.save_final=false from its overrides (or the "
+            "experiment's), or set tracking.log_model=false"
+        )
+    return replace(train, tracking=replace(train.tracking, log_model=True))
 
 
 def _run_order(stages: list[Stage]) -> list[Stage]:
@@ -267,6 +282,10 @@ def _run_order(stages: list[Stage]) -> list[Stage]:
 
 
 # -- 4. evaluation -------------------------------------------------------------------------------------------
+# an eval stage's sections taken from the base recipe or the experiment, whatever eval.overrides say
+REPLACED_IN_EVAL = ("search", "rollout", "datasets", "tracking", "runtime")
+
+
 def _eval_config(
     cfg: ExperimentConfig,
     root: Path,
@@ -278,6 +297,14 @@ def _eval_config(
 ) -> EvalConfig:
     """``zerosim eval`` of ``policy``, searching and rolling out as the base recipe (``recipe``) does, greedily."""
     e = cfg.eval
+    for o in e.overrides:  # the settings set below from the recipe and the experiment: not silently dropped
+        key = o.split("=", 1)[0].strip()
+        if key.split(".", 1)[0] in REPLACED_IN_EVAL:
+            raise ConfigError(
+                f"eval.overrides: {o} would be replaced — every policy is evaluated with the base recipe's "
+                f"{', '.join(REPLACED_IN_EVAL)} settings; set it in the experiment's overrides= (all stages) "
+                "or in eval.datasets / tracking / runtime"
+            )
     overrides = [
         f"policy={policy}",
         f"method={method}",
@@ -325,5 +352,5 @@ def _baselines(cfg: ExperimentConfig, root: Path, recipe: TrainConfig, stages: l
             stage_name = f"baseline-{method}-{engine}"
             searched = engine if engine != "none" else first
             config = _eval_config(cfg, root, recipe, recipe.policy.model, method, searched, stage_name)
-            meta = {"arm": f"base-{method}", "seed": None, "engine": engine, "method": method}
+            meta = {"arm": baseline_arm(method), "seed": None, "engine": engine, "method": method}
             stages.append(Stage(stage_name, Kind.eval, config, [], meta=meta))

@@ -232,6 +232,15 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
+    def validate(self, prefix: str) -> None:
+        """``tracking.log_model`` logs the final checkpoint, which only ``trainer.save_final`` writes."""
+        if self.tracking.log_model and not self.trainer.save_final:
+            raise ConfigError(
+                f"{prefix}tracking.log_model=true logs the final policy checkpoint, but "
+                f"{prefix}trainer.save_final=false saves none, so no model would be logged: set "
+                f"{prefix}trainer.save_final=true, or {prefix}tracking.log_model=false"
+            )
+
 
 def load_train_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """A training recipe: :class:`TrainConfig` defaults, the YAML ``path`` and ``overrides``

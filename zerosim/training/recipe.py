@@ -6,6 +6,7 @@ Read top to bottom: config → data → policy → search engine → curriculum 
 from __future__ import annotations
 
 import random
+import sys
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,29 @@ class CollapseGuard(TrainerCallback):
             control.should_training_stop = True
 
 
+def machine_line(cfg: TrainConfig) -> str:
+    """``machine: <CPU kind or GPU> · update in bf16|fp32 (trainer.bf16=...: why)``."""
+    from zerosim.core.runtime import cpu_kind
+
+    t = cfg.trainer
+    setting = {None: "auto", True: "true", False: "false"}[t.bf16]
+    if torch.cuda.is_available():
+        return f"machine: {torch.cuda.get_device_name()} (CUDA) · trainer.bf16={setting} (the GPU recipe's precision)"
+    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0)
+    kind = cpu_kind()
+    if setting != "auto":
+        why = "as set"
+    elif bf16:
+        why = "AMX multiplies bf16 in hardware"
+    elif "AMX" not in kind.replace("no AMX", ""):
+        why = "no AMX on this CPU"
+    else:
+        why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
+    return (
+        f"machine: {kind} · update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
+    )
+
+
 class StopOnSigterm(TrainerCallback):
     """A SIGTERM during training (:mod:`zerosim.core.signals`) ends the step in progress with a checkpoint
     and stops the loop; :func:`train` then raises ``Terminated`` so the run ends FAILED, resumable."""
@@ -377,6 +401,8 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
 
     # what --dry-run checks, before any weight loads: data files, paths, URLs
     plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
+    if main:  # once the checks passed: what the times printed after are measured on
+        print(machine_line(cfg), file=sys.stderr, flush=True)
 
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)

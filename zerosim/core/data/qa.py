@@ -5,7 +5,10 @@ rows (``data_source``, ``prompt`` as chat messages, ``reward_model.ground_truth.
 corpus rows are ``{"id", "contents": "Title\\ntext"}``. Files may be ``.jsonl`` or ``.parquet``; where a QA
 source is named by a spec (a FlashRAG folder ``DIR:nq:test``, a hub dataset ``REPO:NAME:SPLIT``) is
 :mod:`zerosim.core.data.spec`'s business. A bad row raises :class:`DataError` naming the file, the 1-based line (or
-row) and the field.
+row) and the field. Every loader applies the same row checks: a row whose gold answers are all empty after
+:func:`~zerosim.core.metrics.normalize_answer` (``[""]``, ``["the"]``) is refused (every prediction would
+score 0 on it), and so is a data set that repeats a question id (ids are compared as text, so ``1`` and
+``"1"`` are one id; scores are paired by id).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from zerosim.core.data.jsonl import DataError, at_line, iter_jsonl
 from zerosim.core.data.spec import FORMS, QASpec, parse_qa_spec
+from zerosim.core.metrics import normalize_answer
 from zerosim.core.search import Document
 
 SEARCH_R1_QUESTION = "Question:"  # Search-R1's make_prefix template ends with "Question: {question}\n"
@@ -91,6 +95,22 @@ def _text(where: str, row: dict, name: str) -> str:
     return value
 
 
+def scorable_answers(where: str, answers: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """``answers`` (a row's gold answers, read from its field ``name``) when at least one survives
+    :func:`~zerosim.core.metrics.normalize_answer` — the check every QA loader applies. A row whose answers
+    all normalise to nothing (``""``, ``"the"``, ``"?"``) can never be matched: every prediction scores 0 on
+    it, so it is refused rather than scored."""
+    if any(normalize_answer(a) for a in answers):
+        return answers
+    shown = repr(list(answers))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise DataError(
+        f"{where}: field {name!r} holds no answer that survives answer normalisation (got {shown}; case, "
+        "punctuation, the articles a/an/the and whitespace are dropped before scoring, so every prediction "
+        "would score 0 on this row); give the row a real answer or drop the row"
+    )
+
+
 def _answers(where: str, row: dict) -> tuple[str, ...]:
     value = _plain(row.get("golden_answers"))
     if isinstance(value, str):  # some datasets store a single answer as a plain string
@@ -100,7 +120,7 @@ def _answers(where: str, row: dict) -> tuple[str, ...]:
     elif bad := [a for a in value if not isinstance(a, str)]:
         got = f"an item of type {_type_name(bad[0])}"
     else:
-        return tuple(value)
+        return scorable_answers(where, tuple(value), "golden_answers")
     raise DataError(f"{where}: field 'golden_answers' must be a non-empty list of strings (got {got})")
 
 
@@ -136,8 +156,8 @@ def _search_r1_answers(where: str, row: dict) -> tuple[str, ...]:
     target = _plain(truth.get("target")) if isinstance(truth, dict) else None
     if isinstance(target, str):
         target = [target]
-    if isinstance(target, list) and target and all(isinstance(a, str) and a.strip() for a in target):
-        return tuple(target)
+    if isinstance(target, list) and target and all(isinstance(a, str) for a in target):
+        return scorable_answers(where, tuple(target), "reward_model.ground_truth.target")
     got = "missing" if target is None else f"{_type_name(target)} {target!r}"[:80]
     raise DataError(
         f"{where}: field 'reward_model.ground_truth.target' must be a non-empty list of answer strings (got "
@@ -230,12 +250,44 @@ def load_qa(source: str | Path, split: str | None = None, limit: int | None = No
     """
     spec = parse_qa_spec(source, split)
     rows = _rows(spec.path) if spec.path is not None else _hub_rows(spec)
-    examples = []
+    examples, wheres = [], []
     for index, (where, row) in enumerate(rows):
         if limit is not None and len(examples) >= limit:
             break
         examples.append(parse_qa_row(where, row, index))
+        wheres.append(where)
+    check_unique_ids(examples, wheres)
     return examples
+
+
+def check_unique_ids(examples: list[QAExample], wheres: list[str]) -> None:
+    """Raise :class:`DataError` when two of ``examples`` (read at ``wheres``: ``"f.jsonl line 7"``) share an id,
+    naming the id and both rows. Ids are compared as the loaders hold them, as text (``1`` and ``"1"`` are
+    one id); evaluation writes one score per id and the experiment's report pairs questions by id, so a
+    repeated id would merge two questions into one."""
+    seen: dict[str, int] = {}
+    repeats = []
+    for i, ex in enumerate(examples):
+        if ex.id in seen:
+            repeats.append((seen[ex.id], i))
+        else:
+            seen[ex.id] = i
+    if not repeats:
+        return
+    first, second = repeats[0]
+    there = " ".join(wheres[first].rsplit(" ", 2)[-2:])  # "line 3" / "row 3"
+    more = f" ({len(repeats) - 1} more repeated id(s) after it)" if len(repeats) > 1 else ""
+    sources = {examples[i].metadata.get("data_source") for i in (first, second)}
+    merged = (
+        " (Search-R1 files merging data sets repeat each one's ids: add an 'id' column unique across them)"
+        if len(sources) > 1
+        else ""
+    )
+    raise DataError(
+        f"{wheres[second]}: question id {examples[second].id!r} repeats the id of {there}{more}; question ids "
+        'must be unique within a data set (compared as text, so 1 and "1" are one id; scores are paired by '
+        f"id): give each question its own id or drop the duplicate{merged}"
+    )
 
 
 def sample_examples(examples: list[QAExample], n: int, *, seed: int, by: str = "hops") -> list[QAExample]:
