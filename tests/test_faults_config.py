@@ -421,7 +421,7 @@ QA_LOADER_FAULTS = [
     ("jsonl-id-int-and-str", ".jsonl", [_flashrag(1, ["Lima"]), _flashrag("x", ["Oslo"]), _flashrag("1", ["Rome"])], ["line 3: question id '1' repeats the id of line 1", '1 and "1" are one id']),
     ("jsonl-ids-repeated-twice", ".jsonl", [_flashrag("a", ["Lima"]), _flashrag("a", ["Oslo"]), _flashrag("a", ["Rome"])], ["line 2", "(1 more repeated id(s) after it)"]),
     ("parquet-id-repeated", ".parquet", [_flashrag("q7", ["Lima"]), _flashrag("q7", ["Oslo"])], ["row 2: question id 'q7' repeats the id of row 1"]),
-    ("search-r1-merged-sources", ".parquet", [_search_r1(0, ["Lima"]), _search_r1(0, ["Oslo"], source="hotpotqa")], ["row 2: question id '0' repeats the id of row 1", "add an 'id' column"]),
+    ("search-r1-repeated-in-one-source", ".parquet", [_search_r1(0, ["Lima"], "nq"), _search_r1(1, ["Oslo"], "hq"), _search_r1(0, ["Rome"], "nq")], ["row 3: question id '0' repeats the id of row 1"]),
 ]  # fmt: skip
 
 
@@ -445,6 +445,25 @@ def test_qa_loaders_refuse_unscorable_answers_and_repeated_ids(tmp_path, suffix,
     assert message.startswith(f"{path} ") and "\n" not in message, message
     for word in words:
         assert word in message, (word, message)
+
+
+def test_a_file_merging_data_sets_keeps_each_question_apart_by_its_source(tmp_path):
+    """Search-R1's merged training file (nq + hotpotqa) keeps each set's own ids, so ``0`` is in both: the ids
+    are qualified by ``data_source`` (``nq/0``, ``hotpotqa/0``) rather than the file refused or two questions
+    merged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zerosim.core.data import load_qa
+
+    path = tmp_path / "nq_hotpotqa_train.parquet"
+    rows = [_search_r1(0, ["Lima"]), _search_r1(1, ["Quito"]), _search_r1(0, ["Oslo"], source="hotpotqa")]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert [(ex.id, ex.golden_answers) for ex in load_qa(path)] == [
+        ("nq/0", ("Lima",)),
+        ("nq/1", ("Quito",)),
+        ("hotpotqa/0", ("Oslo",)),
+    ]
 
 
 def test_qa_loaders_keep_a_row_with_one_scorable_answer(tmp_path):

@@ -8,11 +8,13 @@ source is named by a spec (a FlashRAG folder ``DIR:nq:test``, a hub dataset ``RE
 row) and the field. Every loader applies the same row checks: a row whose gold answers are all empty after
 :func:`~zerosim.core.metrics.normalize_answer` (``[""]``, ``["the"]``) is refused (every prediction would
 score 0 on it), and so is a data set that repeats a question id (ids are compared as text, so ``1`` and
-``"1"`` are one id; scores are paired by id).
+``"1"`` are one id; scores are paired by id) — except a file merging data sets whose ids repeat only across
+them (Search-R1's ``nq_hotpotqa_train``), whose ids are qualified by ``data_source`` (``nq/train_0``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -256,15 +258,28 @@ def load_qa(source: str | Path, split: str | None = None, limit: int | None = No
             break
         examples.append(parse_qa_row(where, row, index))
         wheres.append(where)
-    check_unique_ids(examples, wheres)
-    return examples
+    return check_unique_ids(examples, wheres)
 
 
-def check_unique_ids(examples: list[QAExample], wheres: list[str]) -> None:
-    """Raise :class:`DataError` when two of ``examples`` (read at ``wheres``: ``"f.jsonl line 7"``) share an id,
-    naming the id and both rows. Ids are compared as the loaders hold them, as text (``1`` and ``"1"`` are
-    one id); evaluation writes one score per id and the experiment's report pairs questions by id, so a
-    repeated id would merge two questions into one."""
+def _by_source(examples: list[QAExample]) -> list[QAExample] | None:
+    """A file merging data sets (Search-R1's ``nq_hotpotqa_train``: each set's rows keep their own ids, so
+    ``train_0`` is in both) with each id qualified by its row's ``data_source`` (``nq/train_0``), when that
+    makes every id unique; None when some row has no source or ids still repeat within one source."""
+    sources = [ex.metadata.get("data_source") for ex in examples]
+    if not all(isinstance(s, str) and s for s in sources) or len(set(sources)) < 2:
+        return None
+    qualified = [
+        dataclasses.replace(ex, id=f"{src}/{ex.id}") for ex, src in zip(examples, sources, strict=True)
+    ]
+    return qualified if len({ex.id for ex in qualified}) == len(qualified) else None
+
+
+def check_unique_ids(examples: list[QAExample], wheres: list[str]) -> list[QAExample]:
+    """``examples`` when no two (read at ``wheres``: ``"f.jsonl line 7"``) share an id; a file merging data
+    sets whose ids repeat only across sets gets its ids qualified by ``data_source`` (:func:`_by_source`);
+    otherwise :class:`DataError` naming the id and both rows. Ids are compared as the loaders hold them, as
+    text (``1`` and ``"1"`` are one id); evaluation writes one score per id and the experiment's report pairs
+    questions by id, so a repeated id would merge two questions into one."""
     seen: dict[str, int] = {}
     repeats = []
     for i, ex in enumerate(examples):
@@ -273,20 +288,17 @@ def check_unique_ids(examples: list[QAExample], wheres: list[str]) -> None:
         else:
             seen[ex.id] = i
     if not repeats:
-        return
+        return examples
+    qualified = _by_source(examples)
+    if qualified is not None:
+        return qualified
     first, second = repeats[0]
     there = " ".join(wheres[first].rsplit(" ", 2)[-2:])  # "line 3" / "row 3"
     more = f" ({len(repeats) - 1} more repeated id(s) after it)" if len(repeats) > 1 else ""
-    sources = {examples[i].metadata.get("data_source") for i in (first, second)}
-    merged = (
-        " (Search-R1 files merging data sets repeat each one's ids: add an 'id' column unique across them)"
-        if len(sources) > 1
-        else ""
-    )
     raise DataError(
         f"{wheres[second]}: question id {examples[second].id!r} repeats the id of {there}{more}; question ids "
         'must be unique within a data set (compared as text, so 1 and "1" are one id; scores are paired by '
-        f"id): give each question its own id or drop the duplicate{merged}"
+        f"id): give each question its own id or drop the duplicate"
     )
 
 
