@@ -32,6 +32,15 @@ class Sample(StrEnum):
     stratified = "stratified"
 
 
+class Generation(StrEnum):
+    """What generates the policy's text under ``zerosim eval`` (``generation``)."""
+
+    hf = "hf"  # transformers in this process (zerosim's decoding loop)
+    vllm = "vllm"  # an in-process vllm.LLM (CUDA)
+    server = "server"  # an OpenAI-compatible /v1/completions server at policy_url (vllm serve POLICY)
+    auto = "auto"  # vllm where it is installed and a CUDA GPU is there, else hf
+
+
 class Method(StrEnum):
     """How the policy answers under ``zerosim eval``."""
 
@@ -102,6 +111,12 @@ class HarnessConfig:
     method: Method = Method.agent
     # questions per batched generation; the last partial batch is evaluated too
     batch_size: int = ranged(16, ">=1")
+    # what generates: hf (transformers, this process) | vllm (an in-process vllm.LLM, CUDA) | server (policy_url) | auto (vllm where it can run, else hf)
+    generation: Generation = Generation.hf
+    # generation=server: base URL of an OpenAI-compatible /v1/completions server serving the policy under its name (vllm serve POLICY)
+    policy_url: str | None = None
+    # generation=vllm: share of the GPU's memory the vLLM engine may take (weights + KV cache)
+    vllm_gpu_memory_utilization: float = ranged(0.8, "(0,1]", "a share of the GPU memory")
     # generation budget for direct and rag answers
     max_answer_tokens: int = ranged(64, ">=1")
     # seeds sampling and the simulator

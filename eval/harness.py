@@ -8,24 +8,40 @@ The search engine sees what a real one would: the query. The question and gold a
 training-time simulator is shown (``SearchRequest.question`` / ``answers``) are withheld
 (:class:`WithheldAnswers`) unless ``search.simulator.pass_answers`` is explicitly ``true`` — an override that
 makes the scores incomparable with any real retriever's, logged as such (:func:`answers_override`).
+
+What generates is ``generation`` (:func:`generation_backend`): transformers in this process (``hf``, the CPU
+default), an in-process ``vllm.LLM`` (``vllm``, a GPU) or an OpenAI-compatible server (``server``:
+``vllm serve POLICY`` at ``policy_url``). :func:`load_policy` loads what it needs; every method calls the same
+batched ``generate`` (one call per turn of a batch), so the three give one multi-turn loop, greedy by default.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from eval.config import HarnessConfig
+from eval.config import Generation, HarnessConfig
 from zerosim.agent.protocol import extract_answer
 from zerosim.agent.rollout import STOP_STRINGS, SearchRollout, build_prompt
+from zerosim.core.config import ConfigError
 from zerosim.core.data.qa import QAExample
 from zerosim.core.generation import HFGenerator
+from zerosim.core.inference import (
+    CompletionsServer,
+    OfflineVLLMGenerator,
+    ServedGenerator,
+    load_vllm,
+    release_vllm,
+)
 from zerosim.core.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
 from zerosim.core.models import encode_chat_prompt
 from zerosim.core.search import Document, SearchEngine, SearchRequest, format_documents
@@ -172,9 +188,84 @@ def agent_rows(batch: Sequence[QAExample], trajectories: Sequence[Any], tokenize
     return rows
 
 
+def _vllm_installed() -> bool:
+    return "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None
+
+
+def generation_backend(cfg: HarnessConfig) -> Generation:
+    """What ``cfg.generation`` generates with here (``auto``: ``vllm`` where vLLM is installed and a CUDA GPU is
+    visible, else ``hf``); a choice that cannot run here is a :class:`ConfigError` naming the fix, raised
+    before any weight loads."""
+    import torch
+
+    choice = Generation(cfg.generation)
+    if choice == Generation.auto:
+        return Generation.vllm if _vllm_installed() and torch.cuda.is_available() else Generation.hf
+    if choice == Generation.vllm and not _vllm_installed():
+        raise ConfigError(
+            "generation=vllm needs vLLM, which is not installed here; install it on a CUDA machine "
+            "(pip install vllm) or use generation=hf"
+        )
+    if choice == Generation.vllm and not torch.cuda.is_available():
+        raise ConfigError(
+            "generation=vllm needs a CUDA GPU and none is visible here; use generation=hf (or generation=server "
+            "with policy_url)"
+        )
+    if choice == Generation.server and not cfg.policy_url:
+        raise ConfigError(
+            "generation=server needs policy_url, the base URL of a /v1/completions server serving the policy "
+            "under its name (e.g. http://127.0.0.1:8000 from `vllm serve POLICY`); set it or use generation=hf"
+        )
+    return choice
+
+
+def load_policy(cfg: HarnessConfig) -> Any:
+    """What generates for ``cfg.policy`` under ``cfg.generation`` (checked first): a transformers model
+    (``hf``), an in-process ``vllm.LLM`` (``vllm``, in the dtype the HF path would use: bf16 on a GPU by
+    default), or the policy server, asked whether it serves ``cfg.policy`` (``server``)."""
+    from zerosim.core.models import default_dtype, load_causal_lm, resolve_model
+
+    backend = generation_backend(cfg)
+    if backend == Generation.hf:
+        return load_causal_lm(cfg.policy, cfg.dtype)
+    if backend == Generation.vllm:
+        return load_vllm(
+            resolve_model(cfg.policy),
+            dtype=default_dtype(cfg.dtype),
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            seed=cfg.seed,
+        )
+    server = CompletionsServer(cfg.policy_url, cfg.policy)
+    server.check()
+    return server
+
+
+def release_policy(policy: Any, backend: Generation) -> None:
+    """Give back what :func:`load_policy` holds for ``backend`` beyond memory Python frees: a vLLM engine's
+    GPU, a server's connections."""
+    if backend == Generation.vllm:
+        release_vllm(policy)
+    elif backend == Generation.server:
+        policy.close()
+
+
+def policy_generator(cfg: HarnessConfig, policy: Any, tokenizer, stop_strings: Sequence[str]):
+    """The batched generator over ``policy`` (what :func:`load_policy` returned, for ``cfg.generation``):
+    sampling as ``cfg.rollout`` says (greedy at temperature 0), stopping at ``stop_strings`` or EOS."""
+    options = dict(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stop_strings=stop_strings)
+    backend = generation_backend(cfg)
+    if backend == Generation.vllm:
+        return OfflineVLLMGenerator(policy, tokenizer, seed=cfg.seed, **options)
+    if backend == Generation.server:
+        return ServedGenerator(policy, tokenizer, seed=cfg.seed, **options)
+    return HFGenerator(policy, tokenizer, **options)
+
+
 class Evaluator:
     """Runs one method with one policy (and engine) over batches of questions; ``cfg`` is the eval command's
-    config: the harness fields and ``search`` (``zerosim.job_config.EvalConfig``)."""
+    config: the harness fields and ``search`` (``zerosim.job_config.EvalConfig``). ``model`` is what
+    :func:`load_policy` returned for ``cfg.generation`` (a transformers model for ``hf``); a vLLM engine or a
+    server connection is released when the evaluator is closed or collected."""
 
     def __init__(self, cfg: HarnessConfig, model, tokenizer, engine: SearchEngine | None):
         if cfg.method != "direct" and engine is None:
@@ -190,13 +281,10 @@ class Evaluator:
         # an engine that routes each search between sources (search.engine=mixed) draws them per
         # (step, trajectory, search) as in training
         self.source = getattr(engine, "draw_source", None)
-        temperature = cfg.rollout.temperature
-        self.answer_generator = HFGenerator(
-            model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=("</answer>",)
-        )
-        self.agent_generator = HFGenerator(
-            model, tokenizer, temperature=temperature, top_p=cfg.rollout.top_p, stop_strings=STOP_STRINGS
-        )
+        self.answer_generator = policy_generator(cfg, model, tokenizer, ("</answer>",))
+        self.agent_generator = policy_generator(cfg, model, tokenizer, STOP_STRINGS)
+        # close(): release now, once; else when the evaluator is collected (run_eval returns)
+        self.close = weakref.finalize(self, release_policy, model, generation_backend(cfg))
 
     def _answer(
         self, batch: Sequence[QAExample], prompts: Sequence[str], docs: Sequence[Sequence[Document]] | None

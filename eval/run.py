@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import HarnessConfig, Sample
-from eval.harness import DatasetResult, Evaluator, empty_dataset_error, markdown_table, table
+from eval.harness import DatasetResult, Evaluator, empty_dataset_error, load_policy, markdown_table, table
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.data.jsonl import write_jsonl
@@ -126,6 +126,26 @@ def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, 
     return [(name, source, split) for name, (_, source, split) in zip(names, parsed, strict=True)]
 
 
+def check_output_folder(path: str | Path, key: str) -> None:
+    """Refuse an output folder that cannot be made: ``path``, or a folder above it, is an existing file. Checked
+    before anything loads (``mkdir`` would fail only once the models are up)."""
+    path = Path(path).expanduser()
+    for here in (path, *path.parents):
+        if here.exists():
+            if here.is_dir():
+                return
+            within = "" if here == path else f" (the job writes under {path})"
+            raise ConfigError(
+                f"{key}: {here} is an existing file, not a folder{within}; point {key} at a folder (it is "
+                "created when missing) or move the file"
+            )
+
+
+def run_name(cfg: HarnessConfig) -> str:
+    """The eval run's name and folder under ``output_dir``: ``run_name``, else ``<method>-<engine>``."""
+    return cfg.run_name or f"{cfg.method}-{'none' if cfg.method == 'direct' else cfg.search.engine}"
+
+
 def load_datasets(cfg: HarnessConfig) -> list[tuple[str, list]]:
     """``(name, rows)`` per dataset of ``cfg``, every one non-empty; raises before any model is loaded."""
     if cfg.limit is not None and cfg.limit < 1:
@@ -176,24 +196,25 @@ def run_eval(
     import mlflow
     import torch
 
-    from zerosim.core.models import load_causal_lm, load_tokenizer
+    from zerosim.core.models import load_tokenizer
 
     torch.manual_seed(cfg.seed)
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
     check_tracking_uri(cfg.tracking.tracking_uri)  # and the MLflow store it will write
+    check_output_folder(Path(cfg.output_dir) / run_name(cfg), "output_dir")  # and the folder it writes
     tokenizer = load_tokenizer(cfg.policy)
-    model = load_causal_lm(cfg.policy, cfg.dtype)
+    model = load_policy(cfg)  # by generation: a transformers model, a vLLM engine, the policy server
     if cfg.method != "direct" and build_engine is None:
         raise TypeError(f"method {cfg.method} needs build_engine= (zerosim.engines.build_search_engine)")
     engine = None if cfg.method == "direct" else build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)
     evaluator = Evaluator(cfg, model, tokenizer, engine)
     engine_name = "none" if cfg.method == "direct" else cfg.search.engine
-    run_name = cfg.run_name or f"{cfg.method}-{engine_name}"
-    out_dir = Path(cfg.output_dir) / run_name
+    name = run_name(cfg)
+    out_dir = Path(cfg.output_dir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
 
     tags = {"zerosim.job": "eval", "zerosim.policy": cfg.policy, "zerosim.method": cfg.method}
-    with mlflow_run(cfg.tracking, run_name, tags=tags) as run:
+    with mlflow_run(cfg.tracking, name, tags=tags) as run:
         train_run = _training_run_of(cfg.policy)
         if train_run:
             mlflow.set_tag("zerosim.train_run_id", train_run)

@@ -263,14 +263,17 @@ def experiment(
         from rich.console import Console
         from rich.table import Table
 
-        rows = plan_rows(cfg, build_stages(cfg, root), root)
+        from zerosim.experiment.estimates import rates_basis
+
+        stages = build_stages(cfg, root)
+        rows = plan_rows(cfg, stages, root)
         table = Table(title=f"zerosim experiment {config} -> {root} (dry run: nothing loaded)")
         for column in ("stage", "status", "estimate", "what"):
             table.add_column(column)
         for row in rows:
             table.add_row(*row)
         total = sum(float(r[2].split()[0]) for r in rows)
-        table.caption = f"estimated {total:.0f} min for the stages to run (2 CPU cores, embedded models)"
+        table.caption = f"estimated {total:.0f} min for the stages to run ({rates_basis(stages)})"
         Console(width=200).print(table)
         return
     apply_threads(cfg.runtime.threads)

@@ -6,7 +6,8 @@ wasted past ``</search>`` / ``</answer>``), each row cut right after its stop, a
 log-probability of every kept token (``log_softmax(logits / temperature)``, as TRL computes it).
 
 :class:`VLLMGenerator` gives the rollout the same interface over the vLLM engine TRL's ``GRPOTrainer``
-runs (``vllm_mode`` colocate or server), so weight syncing stays TRL's.
+runs (``vllm_mode`` colocate or server), so weight syncing stays TRL's. Evaluation's engines (a ``vllm.LLM`` of
+its own, a served policy) are in :mod:`zerosim.core.inference`.
 
 A generator whose ``collective`` is true must be called by every rank the same number of times (vLLM
 server mode gathers all ranks' prompts; transformers under ZeRO-3/FSDP synchronises each decoding step);

@@ -1,9 +1,18 @@
-"""How long each stage should take: the shipped rates of :data:`zerosim.experiment.kinds.KINDS`, replaced by
-what this experiment's own stages measured — but only stages timed on a quiet machine teach it."""
+"""How long each stage should take: the shipped rates of :data:`zerosim.experiment.kinds.KINDS` (a quiet 2-core
+CPU, the embedded models), or — for an experiment that runs on GPUs — :data:`GPU_RATES`, replaced by what this
+experiment's own stages measured; only stages timed on a quiet machine teach it.
+
+An experiment runs on GPUs when its recipe says so (:func:`on_gpu`): its training samples with vLLM
+(``trainer.generation`` ``vllm_colocate`` / ``vllm_server``, which need CUDA) or its evaluation generates with
+vLLM (``generation=vllm``). No GPU has timed a stage of this project yet: every GPU rate is a guess at paper
+scale (a ~3B policy), marked ``measured=False``, and the dry run says so beside each estimate it gives
+(:func:`estimate_notes`) until a stage finished here replaces it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +23,53 @@ from zerosim.experiment.kinds import KINDS, OVERHEAD_S, Kind, Stage, read_stage
 CONTENDED_SHARE = 0.25
 
 
+@dataclass(frozen=True)
+class Rate:
+    """Seconds per unit of a stage kind (the units of ``KINDS[kind].units``), and where the figure comes from."""
+
+    seconds: float
+    measured: bool  # False: a guess, until a device has timed such a stage
+    source: str
+
+
+# Per unit of each kind on one node of H100/H200-class GPUs, for a Qwen2.5-3B policy as the GPU recipes train it
+# (configs/zerosearch-qwen2.5-3b.yaml). None measured: guesses from the papers' scale, to be replaced by the
+# first GPU run's own stage times (docs/scaling.md).
+GPU_RATES: dict[Kind, Rate] = {
+    Kind.collect: Rate(0.05, False, "guess: BM25 over wiki-18 and labelling, per question (CPU work)"),
+    Kind.sft: Rate(2.0, False, "guess: one optimizer step of the simulator (batch 2), one GPU"),
+    Kind.dpo: Rate(5.0, False, "guess: one DPO step (policy and reference), one GPU"),
+    Kind.quality: Rate(0.5, False, "guess: a useful and a noisy request to the served simulator"),
+    Kind.warmstart: Rate(1.0, False, "guess: one SFT step of the policy"),
+    Kind.train: Rate(
+        2.0,
+        False,
+        "guess: 80 s per GRPO step of 40 trajectories per GPU (2 turns x 500 tokens, vLLM colocate, ZeRO-2)",
+    ),
+    Kind.eval: Rate(
+        0.3, False, "guess: per agent question, vLLM batches, 2 turns x 500 tokens, wiki-18 search"
+    ),
+}
+
+
 def ran_quiet(record: dict[str, Any]) -> bool:
     """Whether a finished stage's time was taken with the machine to itself (None: not measurable here,
     e.g. not Linux, taken as quiet; no entry: an older record whose conditions are unknown)."""
     if "others_cpu" not in record:
         return False
     return record["others_cpu"] is None or record["others_cpu"] <= CONTENDED_SHARE
+
+
+def on_gpu(stages: Sequence[Stage]) -> bool:
+    """Whether the experiment runs on GPUs: a training stage samples with vLLM, or an eval stage generates
+    with it (both need CUDA)."""
+    for stage in stages:
+        c = stage.config
+        if stage.kind in (Kind.train, Kind.warmstart) and c.trainer.generation != "hf":
+            return True
+        if stage.kind == Kind.eval and c.generation == "vllm":
+            return True
+    return False
 
 
 def _learned_rates(stages: Sequence[Stage], root: Path) -> dict[str, float]:
@@ -37,10 +87,42 @@ def _learned_rates(stages: Sequence[Stage], root: Path) -> dict[str, float]:
 
 
 def estimates(stages: Sequence[Stage], root: Path) -> dict[str, float]:
-    """Seconds each stage should take (by name): at the rate learned here where there is one."""
+    """Seconds each stage should take (by name): at the rate learned here where there is one, else at the
+    shipped rate — :data:`GPU_RATES` for an experiment :func:`on_gpu`."""
     learned = _learned_rates(stages, root)
+    gpu = on_gpu(stages)
     out = {}
     for stage in stages:
         rate = learned.get(stage.kind)
+        if rate is None and gpu and stage.kind in GPU_RATES:
+            rate = GPU_RATES[stage.kind].seconds
         out[stage.name] = stage.estimate_s if rate is None else KINDS[stage.kind].estimate(stage, rate)
     return out
+
+
+def estimate_notes(stages: Sequence[Stage], root: Path) -> dict[str, str]:
+    """What each estimate of :func:`estimates` stands on, for the dry run to show beside it: ``""`` for the
+    shipped CPU rates (or a report), ``"GPU rates, unmeasured"`` / ``"GPU rates"`` for :data:`GPU_RATES`
+    (a guess / a measured figure), ``"measured here"`` for a GPU experiment's rate learned from its own
+    stages."""
+    if not on_gpu(stages):
+        return {stage.name: "" for stage in stages}
+    learned = _learned_rates(stages, root)
+    notes = {}
+    for stage in stages:
+        if stage.kind in learned:
+            notes[stage.name] = "measured here"
+        elif stage.kind in GPU_RATES:
+            notes[stage.name] = "GPU rates" if GPU_RATES[stage.kind].measured else "GPU rates, unmeasured"
+        else:
+            notes[stage.name] = ""
+    return notes
+
+
+def rates_basis(stages: Sequence[Stage]) -> str:
+    """What the shipped rates the dry run's total rests on are, in words (its caption)."""
+    if not on_gpu(stages):
+        return "2 CPU cores, embedded models"
+    if all(rate.measured for rate in GPU_RATES.values()):
+        return "GPU rates"
+    return "GPU rates, unmeasured: guesses for a ~3B policy until this experiment's own stages time them"

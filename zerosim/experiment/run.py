@@ -17,7 +17,7 @@ from typing import Any
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.runtime import cpu_times, others_cpu_share
 from zerosim.experiment.config import ExperimentConfig
-from zerosim.experiment.estimates import CONTENDED_SHARE, estimates
+from zerosim.experiment.estimates import CONTENDED_SHARE, estimate_notes, estimates
 from zerosim.experiment.keys import status
 from zerosim.experiment.kinds import (
     KINDS,
@@ -175,14 +175,15 @@ def _stage_inputs(stages: Sequence[Stage]) -> None:
 def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
     """(stage, status, estimate, what) for ``--dry-run``."""
     check_inputs(cfg, stages)
-    est = estimates(stages, root)
+    est, notes = estimates(stages, root), estimate_notes(stages, root)
     state_of = statuses(stages, root)
     rows = []
     for stage in stages:
         state = state_of[stage.name]
         seconds = 0.0 if state == "reuse" else est[stage.name]
+        note = f" ({notes[stage.name]})" if notes[stage.name] and state != "reuse" else ""
         rows.append(
-            (stage.name, state, f"{seconds / 60:.1f} min", describe(stage).replace(str(root), "<root>"))
+            (stage.name, state, f"{seconds / 60:.1f} min{note}", describe(stage).replace(str(root), "<root>"))
         )
     return rows
 

@@ -55,6 +55,7 @@ from zerosim.training.algorithms import (
     value_loss,
     whiten,
 )
+from zerosim.training.precision import MasterWeightsCheck
 from zerosim.training.speedups import (
     GROUPABLE_LOSSES,
     compact_log_prob_head,
@@ -106,10 +107,12 @@ class Critic(torch.nn.Module):
 
         from zerosim.core.models import resolve_model, training_dtype
 
+        # ``dtype`` is refused where the policy's would be, but the critic's weights are fp32 whatever it allows the
+        # policy (bf16 under DeepSpeed/FSDP): its own AdamW steps them, not their fp32 masters, and in bf16 its
+        # updates would round away
+        training_dtype(dtype)
         model = AutoModelForTokenClassification.from_pretrained(
-            resolve_model(name_or_path),
-            num_labels=1,
-            dtype=training_dtype(dtype),  # it is trained too
+            resolve_model(name_or_path), num_labels=1, dtype=torch.float32
         )
         torch.nn.init.zeros_(model.score.weight)  # start from V = 0 everywhere: no random value signal
         if getattr(model.score, "bias", None) is not None:
@@ -213,6 +216,12 @@ class SearchTrainer(GRPOTrainer):
         self._phase_logged_at = 0
         # first in line, so its on_step_end runs before validation's: time/step_s is the training step alone
         self.callback_handler.callbacks.insert(0, _StepClock(self))
+        # what the optimizers step is fp32, checked once accelerate and DeepSpeed/FSDP have built them
+        self.add_callback(MasterWeightsCheck(self._own_optimizers, log=log))
+
+    def _own_optimizers(self) -> list[tuple[Any, str]]:
+        """The optimizers this trainer steps besides TRL's (the critic's), for :class:`MasterWeightsCheck`."""
+        return [] if self.critic_optimizer is None else [(self.critic_optimizer, "the critic")]
 
     # -- rewards: keep what TRL's advantage computation sees -------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
