@@ -42,10 +42,8 @@ def test_examples_mask_prompt_and_observations(tokenizer):
         assert parse_action(trained_text)[0] == "answer" and "Lima" in trained_text
 
 
-def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
+def _warmstart_files(tmp_path):
     import json
-
-    import mlflow
 
     qa = tmp_path / "qa.jsonl"
     qa.write_text(
@@ -61,6 +59,13 @@ def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir, mlflow_db, ze
             for i in range(6)
         )
     )
+    return qa, corpus
+
+
+def test_cli_warmstart_writes_checkpoint(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
+    import mlflow
+
+    qa, corpus = _warmstart_files(tmp_path)
     cmd = [
         "policy", "warmstart", f"policy.model={tiny_model_dir}",
         f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=2",
@@ -102,3 +107,24 @@ def test_grounded_examples_answer_only_what_the_documents_show(tokenizer):
     assert len(build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24, limit=1)) == 1
     # ungrounded keeps every question and writes its first gold answer
     assert len(build_examples(questions, Mixed(), tokenizer, k=1, max_obs_tokens=24)) == 3
+
+
+def test_the_warm_start_refuses_to_step_bf16_weights(
+    tmp_path, tiny_model_dir, mlflow_db, zerosim_cli, monkeypatch
+):
+    """Its SFT optimizer must step fp32 weights (small updates round away in bf16): checked as training begins."""
+    import torch
+
+    import zerosim.core.models as models
+
+    load = models.load_causal_lm
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: load(*a, **k).to(torch.bfloat16))
+    qa, corpus = _warmstart_files(tmp_path)
+    result = zerosim_cli(
+        "policy", "warmstart", f"policy.model={tiny_model_dir}", f"warmstart.data={qa}",
+        f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=2", "warmstart.batch_size=2",
+        "warmstart.num_examples=4", f"run.output_dir={tmp_path / 'out'}", "run.name=ws",
+        f"tracking.tracking_uri={mlflow_db}", code=2,
+    )  # fmt: skip
+    assert "bfloat16" in result.stderr and "policy.dtype" in result.stderr, result.stderr
+    assert not (tmp_path / "out" / "ws" / "warmstart" / "final").exists()

@@ -153,8 +153,14 @@ def run_warmstart(
     with mlflow_run(tracking, f"{output_dir.parent.name}-warmstart", tags={"zerosim.job": "warmstart"}):
         log_config(cfg, prefix="warmstart.")
         mlflow.log_params({"warmstart.policy": policy, "warmstart.examples_built": len(rows)})
+        from zerosim.training.precision import MasterWeightsCheck
+
         trainer = SFTTrainer(
-            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[MasterWeightsCheck()],  # the optimizer steps fp32 weights (ZeRO/FSDP: their masters)
         )
         trainer.train()
         with atomic_directory(target) as tmp:
