@@ -1,20 +1,26 @@
-"""Serve the simulator model behind an OpenAI-compatible completions API.
+"""Serve the simulator model behind an OpenAI-compatible API (completions and chat completions).
 
 On a GPU machine with vLLM installed, :func:`start_simulator_server` runs ``vllm serve``. Everywhere else it
-serves an in-process transformers model with the same API subset, so :class:`~simulators.backends.OpenAIBackend`
-and the HTTP path are exercised on any machine:
+serves an in-process transformers model with the same API subset, so :class:`~simulators.backends.OpenAIBackend`,
+the LLM judge and the official ``openai`` client work against it on any machine:
 
-- ``POST /v1/completions`` — ``model``, ``prompt`` (a string or a list of strings), ``max_tokens``,
+- ``POST /v1/completions`` — ``model``, ``prompt`` (a string or a list of strings), ``max_tokens`` (16),
   ``temperature``, ``top_p``, ``seed``, ``n`` (1 only). All prompts of a request go through ONE batched
   ``generate``; prompts are taken as raw text, as vLLM does (clients apply the chat template).
+- ``POST /v1/chat/completions`` — ``model``, ``messages`` (``role`` + ``content``: a string or a list of text
+  parts), ``max_tokens`` or ``max_completion_tokens`` (default: the context left, at most the server's
+  limit), and the same sampling fields. The messages are rendered with the model's chat template
+  (``add_generation_prompt=True``) and then served exactly as a completion of that text.
 - ``GET /v1/models`` — the base model and any LoRA adapters, each servable by name.
 - ``GET /health`` — ``{"status": "ok", ...}``.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request (a
 wrong type, or a sampling value out of its range: ``temperature`` finite and >= 0 (as vLLM), ``top_p`` in
-(0, 1] — ``Infinity``/``NaN`` refused — ``max_tokens`` in [1, limit]), naming the field in ``param``, 404 for
-an unknown model, 500 when generation fails. Requests are served one at a time (one model, one generate).
-Binds 127.0.0.1 unless told otherwise: there is no authentication.
+(0, 1] — ``Infinity``/``NaN`` refused — ``max_tokens`` in [1, limit]), naming the field in ``param``; 400
+too, before any generation, for a prompt whose tokens plus ``max_tokens`` exceed the model's context
+(:func:`context_length`; vLLM refuses it the same way); 404 for an unknown model, 500 when generation
+fails. Requests are served one at a time (one model, one generate). Binds 127.0.0.1 unless told otherwise:
+there is no authentication.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
 import secrets
 import shutil
 import subprocess
@@ -30,30 +37,49 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import fastapi
+import jinja2
 import uvicorn
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
-from simulators.backends import TransformersBackend
+from simulators.backends import Completion, TransformersBackend
 from zerosim.core.http.server import running_app
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8001
+# config fields that bound a model's positions, in the order vLLM reads them
+_CONTEXT_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+)
+_TOKENIZER_UNSET = 10**20  # transformers writes int(1e30) as model_max_length when the tokenizer sets none
 
 
-class CompletionRequest(BaseModel):
-    """The subset of OpenAI's completions request this server honours; other fields are ignored."""
+class SamplingRequest(BaseModel):
+    """What both endpoints take besides their input: the model and the sampling values (others ignored)."""
 
     model_config = ConfigDict(extra="ignore")
+    refused: ClassVar[tuple[str, ...]] = ("stream",)  # options this server refuses when set
 
     model: StrictStr = Field(description="A name from GET /v1/models: the base model or a LoRA adapter.")
-    prompt: StrictStr | list[StrictStr] = Field(description="One prompt or a list (one choice each).")
-    max_tokens: StrictInt = Field(default=16, ge=1, description="Most new tokens per choice.")
     # strict floats take JSON ints too; Infinity and NaN (which Python's JSON parser accepts) are refused
     temperature: float = Field(
         default=1.0, strict=True, allow_inf_nan=False, ge=0, description="0 = greedy; any finite value >= 0."
@@ -61,11 +87,65 @@ class CompletionRequest(BaseModel):
     top_p: float = Field(
         default=1.0, strict=True, allow_inf_nan=False, gt=0, le=1, description="Nucleus sampling."
     )
-    seed: StrictInt | None = Field(default=None, description="Same prompts + seed -> same texts.")
+    seed: StrictInt | None = Field(default=None, description="Same input + seed -> same texts.")
     n: StrictInt = Field(default=1, description="Choices per prompt; only 1 is supported.")
     stream: StrictBool = Field(default=False, description="Streaming is not supported.")
+
+
+class CompletionRequest(SamplingRequest):
+    """The subset of OpenAI's completions request this server honours."""
+
+    refused: ClassVar[tuple[str, ...]] = ("stream", "echo", "logprobs")
+
+    prompt: StrictStr | list[StrictStr] = Field(description="One prompt or a list (one choice each).")
+    max_tokens: StrictInt = Field(default=16, ge=1, description="Most new tokens per choice.")
     echo: StrictBool = Field(default=False, description="Echoing the prompt is not supported.")
     logprobs: StrictInt | None = Field(default=None, description="Log-probs are not returned.")
+
+
+class TextPart(BaseModel):
+    """One part of a message's content given as a list (OpenAI's content parts; text only)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"] = Field(description="Only text parts are served.")
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: StrictStr = Field(description="system, user, assistant, ...: whatever the chat template takes.")
+    content: StrictStr | list[TextPart] = Field(description="The text, or text parts (joined by newlines).")
+
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _one_error(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> str | list[TextPart]:
+        # one error naming the field, not one per branch of the union ("content.str", "content.list[...]")
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                'must be a string or a list of text parts ({"type": "text", "text": "..."})'
+            ) from None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """The subset of OpenAI's chat completions request this server honours (one choice, no tools)."""
+
+    refused: ClassVar[tuple[str, ...]] = ("stream", "logprobs")
+
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=1, description="Most new tokens (default: the context left, up to the limit)."
+    )
+    max_completion_tokens: StrictInt | None = Field(
+        default=None, ge=1, description="OpenAI's newer name for max_tokens; wins when both are given."
+    )
+    logprobs: StrictBool = Field(default=False, description="Log-probs are not returned.")
 
 
 def _error(
@@ -74,6 +154,44 @@ def _error(
     return JSONResponse(
         status_code=status,
         content={"error": {"message": message, "type": kind, "param": param, "code": status}},
+    )
+
+
+def context_length(model, tokenizer) -> int | None:
+    """The most tokens (prompt + completion) ``model`` takes: its config's position limit
+    (``max_position_embeddings`` or a sibling, what vLLM reads), else the tokenizer's ``model_max_length``
+    when the tokenizer sets one; ``None`` when neither says."""
+    config = getattr(model, "config", None)
+    for name in _CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < _TOKENIZER_UNSET else None
+
+
+def context_problem(counts: Sequence[int], max_tokens: int | None, context: int, what: str) -> str | None:
+    """Why a request does not fit the context (vLLM's wording, plus the fix), or None when every input fits.
+
+    ``counts``: the token count of each input (prompt or rendered messages); ``max_tokens``: the tokens asked
+    for (None: not set, so at least one); ``what``: the input's field, "prompt" or "messages".
+    """
+    needed = max_tokens or 1
+    over = [i for i, n in enumerate(counts) if n + needed > context]
+    if not over:
+        return None
+    i, n = over[0], counts[over[0]]
+    where = f"{what} {i}" if len(counts) > 1 else f"the {what}"
+    others = f" ({len(over)} of {len(counts)} {what}s are too long)" if len(over) > 1 else ""
+    if max_tokens is None:
+        return (
+            f"This model's maximum context length is {context} tokens. However, {where} alone has {n} "
+            f"tokens, leaving none for the completion{others}. Please shorten {where}."
+        )
+    return (
+        f"This model's maximum context length is {context} tokens. However, you requested "
+        f"{n + max_tokens} tokens ({n} in {where}, {max_tokens} in the completion){others}. "
+        f"Please shorten {where} or lower max_tokens."
     )
 
 
@@ -89,7 +207,8 @@ def create_openai_app(
 
     ``adapters`` names LoRA adapters already loaded into ``backend.model`` (a peft model, see
     :func:`load_lora`); a request naming one runs with it, a request naming ``model_name`` without any.
-    ``max_prompts`` and ``max_tokens_limit`` bound one request (more → 400).
+    ``max_prompts`` and ``max_tokens_limit`` bound one request (more → 400); so does the model's context
+    (:func:`context_length`).
     """
     if backend.apply_chat_template:
         raise ValueError("serve a backend with apply_chat_template=False: clients send formatted prompts")
@@ -97,6 +216,7 @@ def create_openai_app(
     if len(set(served)) != len(served):
         raise ValueError(f"served model names must be distinct: {served}")
     created = int(time.time())
+    context = context_length(backend.model, backend.tokenizer)
     lock = threading.Lock()
     app = fastapi.FastAPI(title=f"zerosim simulator server ({model_name})", version="1")
 
@@ -123,13 +243,14 @@ def create_openai_app(
                 "owned_by": "zerosim",
                 "root": backend.model_id,
                 "parent": None if name == model_name else model_name,
+                "max_model_len": context,
             }
             for name in served
         ]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/completions")
-    def completions(body: CompletionRequest) -> JSONResponse:
+    def refusal(body: SamplingRequest) -> JSONResponse | None:
+        """The answer to a request naming a model not served here, or an option this server refuses."""
         if body.model not in served:
             return _error(
                 404,
@@ -137,33 +258,44 @@ def create_openai_app(
                 kind="NotFoundError",
                 param="model",
             )
-        for name, bad in (
-            ("n", body.n != 1),
-            ("stream", body.stream),
-            ("echo", body.echo),
-            ("logprobs", body.logprobs),
-        ):
-            if bad:
+        if body.n != 1:
+            return _error(400, f"n={body.n!r} is not supported by this server", param="n")
+        for name in body.refused:
+            if getattr(body, name):
                 return _error(
                     400, f"{name}={getattr(body, name)!r} is not supported by this server", param=name
                 )
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if not prompts:
-            return _error(400, "prompt is an empty list; send at least one prompt", param="prompt")
-        if any(not p for p in prompts):
-            return _error(400, "prompt holds an empty string; every prompt needs text", param="prompt")
+        return None
+
+    def generate(
+        body: SamplingRequest,
+        prompts: list[str],
+        max_tokens: int | None,
+        what: str,
+        tokens_field: str = "max_tokens",
+    ) -> list[Completion] | JSONResponse:
+        """The checks both endpoints share, then ONE batched generate of ``prompts`` (raw text each).
+
+        ``max_tokens=None``: as many as the context leaves for the longest prompt, up to the limit.
+        ``what`` and ``tokens_field`` name the input and the token budget in errors (the request's fields).
+        """
         if len(prompts) > max_prompts:
-            return _error(
-                400, f"{len(prompts)} prompts; this server takes at most {max_prompts}", param="prompt"
-            )
-        if body.max_tokens > max_tokens_limit:
-            return _error(400, f"max_tokens={body.max_tokens} exceeds {max_tokens_limit}", param="max_tokens")
+            return _error(400, f"{len(prompts)} prompts; this server takes at most {max_prompts}", param=what)
+        if max_tokens is not None and max_tokens > max_tokens_limit:
+            return _error(400, f"{tokens_field}={max_tokens} exceeds {max_tokens_limit}", param=tokens_field)
+        if context is not None:  # refused before generating, as vLLM does: no minutes spent on it
+            counts = [len(backend.encode(p)) for p in prompts]
+            problem = context_problem(counts, max_tokens, context, what)
+            if problem is not None:
+                return _error(400, problem, param=what)
+            if max_tokens is None:
+                max_tokens = min(max_tokens_limit, context - max(counts))
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         try:
             with lock, _adapter(backend.model, None if body.model == model_name else body.model):
-                generated = backend.generate(
+                return backend.generate(
                     prompts,
-                    max_new_tokens=body.max_tokens,
+                    max_new_tokens=max_tokens or max_tokens_limit,
                     temperature=float(body.temperature),
                     top_p=float(body.top_p),
                     seed=seed,
@@ -173,8 +305,29 @@ def create_openai_app(
             return _error(
                 500, f"generation failed: {type(exc).__name__}: {exc}", kind="internal_server_error"
             )
+
+    def usage(generated: list[Completion]) -> dict[str, int]:
         prompt_tokens = sum(c.prompt_tokens for c in generated)
         completion_tokens = sum(c.completion_tokens for c in generated)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    @app.post("/v1/completions")
+    def completions(body: CompletionRequest) -> JSONResponse:
+        refused = refusal(body)
+        if refused is not None:
+            return refused
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if not prompts:
+            return _error(400, "prompt is an empty list; send at least one prompt", param="prompt")
+        if any(not p for p in prompts):
+            return _error(400, "prompt holds an empty string; every prompt needs text", param="prompt")
+        generated = generate(body, prompts, body.max_tokens, "prompt")
+        if isinstance(generated, JSONResponse):
+            return generated
         return JSONResponse(
             content={
                 "id": f"cmpl-{uuid.uuid4().hex}",
@@ -185,11 +338,50 @@ def create_openai_app(
                     {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
                     for i, c in enumerate(generated)
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "usage": usage(generated),
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+        refused = refusal(body)
+        if refused is not None:
+            return refused
+        if getattr(backend.tokenizer, "chat_template", None) is None:
+            return _error(
+                400,
+                f"model {body.model} has no chat template: send text you formatted to /v1/completions",
+                param="messages",
+            )
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateError as exc:  # e.g. roles the template does not take, in an order it refuses
+            return _error(400, f"the chat template refused these messages: {exc}", param="messages")
+        if body.max_completion_tokens is not None:
+            generated = generate(
+                body, [text], body.max_completion_tokens, "messages", "max_completion_tokens"
+            )
+        else:
+            generated = generate(body, [text], body.max_tokens, "messages")
+        if isinstance(generated, JSONResponse):
+            return generated
+        (answer,) = generated
+        return JSONResponse(
+            content={
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer.text},
+                        "logprobs": None,
+                        "finish_reason": answer.finish_reason,
+                    }
+                ],
+                "usage": usage(generated),
             }
         )
 
@@ -263,12 +455,36 @@ def serve_openai(
     log_level: str = "info",
 ) -> None:
     """Serve ``model_path`` in-process (transformers) until interrupted; ``served_model_name`` defaults to it."""
+    spinning = openmp_spin_warning()
+    if spinning is not None:
+        logger.warning(spinning)
     adapters = parse_lora(lora)
     backend = TransformersBackend.from_pretrained(model_path, dtype, apply_chat_template=False)
     load_lora(backend, adapters)
     app = create_openai_app(backend, model_name=served_model_name or model_path, adapters=list(adapters))
     logger.info("serving %s (in-process transformers) on http://%s:%d", model_path, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def openmp_spin_warning() -> str | None:
+    """Why this process's generate may run several times slower beside other busy processes, or None.
+
+    With ``OMP_WAIT_POLICY`` unset, libgomp (torch's OpenMP on Linux) spins about 3 ms at every barrier
+    before it sleeps. A server process with several torch threads whose cores are also used by something
+    else (the training job, a second server) then spends most of a call spinning while a partner thread
+    waits for a core: 6.8x the in-process time for SmolLM2 on 2 cores (docs/simulator.md, "Served vs
+    in-process"). ``PASSIVE`` must be in the environment before torch loads, so it cannot be set here.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads < 2 or os.environ.get("OMP_WAIT_POLICY"):
+        return None
+    return (
+        f"OMP_WAIT_POLICY is unset: this server's {threads} OpenMP threads spin-wait at every barrier, which "
+        "makes a call several times slower whenever another process uses these cores; start it as "
+        "OMP_WAIT_POLICY=PASSIVE zerosim simulator serve ... (or with --threads 1)"
+    )
 
 
 def vllm_available() -> bool:

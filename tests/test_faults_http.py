@@ -4,8 +4,9 @@ server must refuse, as tables. Loopback servers only; seconds in all.
 - clients against faulty servers: a dead port, 5xx, garbage or wrongly shaped answers, a slow server, a
   server that trickles its answer one byte at a time (per-attempt deadline): always a ``SearchError`` naming
   the URL within ``retries * (connect_timeout + read_timeout) + backoff``, never an empty observation;
-- the simulator server refuses non-finite or out-of-range sampling values (400 naming the field), the
-  retriever server its bad numeric fields (422 naming the field);
+- the simulator server refuses non-finite or out-of-range sampling values (400 naming the field) on both
+  its endpoints, and a prompt longer than the model's context (400, before generating); the retriever
+  server refuses its bad numeric fields (422 naming the field);
 - curriculum noise over HTTP: a retriever behind ``zerosim serve retriever`` fills noisy slots with corpus
   negatives exactly as in-process; a server that ignores noise is an error, and an engine that cannot honour
   noise fails when it is built for a noisy curriculum.
@@ -261,7 +262,12 @@ def _post_raw(url: str, path: str, body: str) -> httpx.Response:
     )
 
 
-SIMULATOR_BASE = '{"model": "tiny", "prompt": "hello", "max_tokens": 2, "seed": 1, %s}'
+# a request to each endpoint, sampling fields to add (the two endpoints share every check)
+SIMULATOR_BASE = {
+    "/v1/completions": '{"model": "tiny", "prompt": "hello", "max_tokens": 2, "seed": 1, %s}',
+    "/v1/chat/completions": '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], '
+    '"max_tokens": 2, "seed": 1, %s}',
+}
 
 
 @pytest.mark.parametrize(
@@ -285,18 +291,134 @@ SIMULATOR_BASE = '{"model": "tiny", "prompt": "hello", "max_tokens": 2, "seed": 
         pytest.param("seed", "1.5", "integer", id="seed-fraction"),
     ],
 )
-def test_simulator_server_refuses_bad_sampling_values_with_400(simulator_url, field, value, words):
-    response = _post_raw(simulator_url, "/v1/completions", SIMULATOR_BASE % f'"{field}": {value}')
+@pytest.mark.parametrize("path", list(SIMULATOR_BASE))
+def test_simulator_server_refuses_bad_sampling_values_with_400(simulator_url, path, field, value, words):
+    response = _post_raw(simulator_url, path, SIMULATOR_BASE[path] % f'"{field}": {value}')
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == field and field in error["message"] and words in error["message"], error
 
 
-def test_simulator_server_answers_good_sampling_values(simulator_url):
+@pytest.mark.parametrize("path", list(SIMULATOR_BASE))
+def test_simulator_server_answers_good_sampling_values(simulator_url, path):
     for extra in ('"temperature": 0', '"temperature": 2.5, "top_p": 1', '"temperature": 0.7, "top_p": 0.9'):
-        response = _post_raw(simulator_url, "/v1/completions", SIMULATOR_BASE % extra)
+        response = _post_raw(simulator_url, path, SIMULATOR_BASE[path] % extra)
         assert response.status_code == 200, response.text
         assert len(response.json()["choices"]) == 1
+
+
+# -- the simulator server refuses a prompt longer than the model's context (400, before generating) ---------
+
+CONTEXT = 64  # max_position_embeddings of the short-context tiny model
+CHAT_HI = 31  # tokens of [{"role": "user", "content": "hi"}] in SmolLM2's template (its system turn included)
+
+
+@pytest.fixture(scope="module")
+def short_context(tokenizer):
+    """A tiny random Llama whose context is 64 tokens, served; yields (url, generate calls)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CONTEXT,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    backend = TransformersBackend(LlamaForCausalLM(config).eval(), tokenizer, apply_chat_template=False)
+    calls: list[int] = []
+    generate = backend.generator.generate
+    backend.generator.generate = lambda prompts, *a, **kw: (
+        calls.append(len(prompts)) or generate(prompts, *a, **kw)
+    )
+    with running_app(create_openai_app(backend, model_name="tiny", max_tokens_limit=CONTEXT)) as url:
+        yield url, calls
+
+
+def _words(n: int) -> str:
+    return " the" * n  # one SmolLM2 token each (checked below)
+
+
+# endpoint, request, status, what the error names
+CONTEXT_CASES = [
+    pytest.param("completions", {"prompt": _words(60), "max_tokens": 4}, 200, None, id="prompt-fits-exactly"),
+    pytest.param(
+        "completions",
+        {"prompt": _words(60), "max_tokens": 5},
+        400,
+        ["maximum context length is 64 tokens", "65 tokens (60 in the prompt, 5 in the completion)"],
+        id="prompt-plus-max_tokens-over",
+    ),
+    pytest.param(
+        "completions",
+        {"prompt": _words(90), "max_tokens": 1},
+        400,
+        ["maximum context length is 64 tokens", "(90 in the prompt, 1 in the completion)"],
+        id="prompt-alone-over",
+    ),
+    pytest.param(
+        "completions",
+        {"prompt": [_words(10), _words(70), _words(80)], "max_tokens": 2},
+        400,
+        ["(70 in prompt 1, 2 in the completion)", "2 of 3 prompts are too long", "Please shorten prompt 1"],
+        id="batch-with-long-prompts",
+    ),
+    pytest.param(
+        "chat",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": CONTEXT - CHAT_HI},
+        200,
+        None,
+        id="chat-fits-exactly",
+    ),  # fmt: skip
+    pytest.param(
+        "chat",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": CONTEXT - CHAT_HI + 1},
+        400,
+        [f"({CHAT_HI} in the messages, {CONTEXT - CHAT_HI + 1} in the completion)", "lower max_tokens"],
+        id="chat-plus-max_tokens-over",
+    ),
+    pytest.param(
+        "chat",
+        {"messages": [{"role": "user", "content": _words(40)}]},
+        400,
+        [
+            "maximum context length is 64 tokens",
+            "leaving none for the completion",
+            "Please shorten the messages.",
+        ],
+        id="chat-messages-over-without-max_tokens",
+    ),
+    pytest.param(
+        "chat",
+        {"messages": [{"role": "user", "content": "hi"}]},
+        200,
+        None,
+        id="chat-default-max_tokens-fits",
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "request_body", "status", "words"), CONTEXT_CASES)
+def test_simulator_server_refuses_prompts_over_the_context_before_generating(
+    short_context, tokenizer, endpoint, request_body, status, words
+):
+    url, calls = short_context
+    assert len(tokenizer(_words(60))["input_ids"]) == 60  # the counts the table states
+    path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+    before = len(calls)
+    response = httpx.post(f"{url}{path}", json={"model": "tiny", "seed": 0, **request_body}, timeout=30)
+    assert response.status_code == status, response.text
+    if status == 200:
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] <= CONTEXT
+        assert len(calls) == before + 1
+        return
+    error = response.json()["error"]
+    assert error["param"] == ("prompt" if endpoint == "completions" else "messages"), error
+    assert error["code"] == 400 and error["type"] == "invalid_request_error"
+    for word in words:
+        assert word in error["message"], error["message"]
+    assert len(calls) == before  # refused before any generation
 
 
 def test_simulator_client_refuses_non_finite_settings_before_sending():

@@ -4,7 +4,8 @@ server an error naming its URL within the bounded time (never a silent 0).
 
 A fake judge (a few lines of FastAPI) answers by rule — ``yes`` when a gold answer appears in the predicted
 one — so the verdicts are known; the real in-process tiny-model server (``zerosim simulator serve``) takes
-one call through the same client path, and its random-weight answer must be the clear error.
+one call through the same client path (either api), and its random-weight answer must be the clear error.
+A server without the endpoint ``reward.judge.api`` asks is refused at start-up, before any rollout.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ def test_a_down_server_raises_within_the_bounded_time():
         judge.check()
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
 def test_the_real_tiny_model_server_goes_through_the_client_and_its_garbage_is_an_error(
-    tiny_model_dir, tokenizer
+    tiny_model_dir, tokenizer, api
 ):
     from simulators import TransformersBackend
     from simulators.openai_server import running_openai_server
@@ -178,13 +180,98 @@ def test_the_real_tiny_model_server_goes_through_the_client_and_its_garbage_is_a
     )
     with running_openai_server(backend, model_name="tiny") as url:
         judge = LLMJudge(
-            url, "tiny", api="completions", retry=RetryPolicy(connect_timeout=2, read_timeout=30, retries=1)
+            url, "tiny", api=api, retry=RetryPolicy(connect_timeout=2, read_timeout=30, retries=1)
         )
-        judge.check()  # up, and serving "tiny"
-        with pytest.raises(JudgeError, match=rf"{re.escape(url)}/v1/completions.*neither yes nor no"):
+        judge.check()  # up, serving "tiny", and answering on the api's endpoint
+        with pytest.raises(JudgeError, match=rf"{re.escape(judge.endpoint)}.*neither yes nor no"):
             judge.score(["Capital of Peru?"], ["Lima"], [["Lima"]])
         assert judge.stats["requests"] == 1 and not judge.cache  # asked once, nothing scored
         judge.close()
+
+
+@pytest.fixture(scope="module")
+def completions_only_judge():
+    """A judge server without ``/v1/chat/completions`` (as ``zerosim simulator serve`` was): it lists the
+    model and answers completions; every request it sees is recorded as "METHOD path"."""
+    app = fastapi.FastAPI()
+    app.state.seen = []
+
+    @app.middleware("http")
+    async def record(request: fastapi.Request, call_next):
+        app.state.seen.append(f"{request.method} {request.url.path}")
+        return await call_next(request)
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "judge", "object": "model"}]}
+
+    @app.post("/v1/completions")
+    def completions(body: dict):
+        return {"choices": [{"index": i, "text": _verdict(p)} for i, p in enumerate(body["prompt"])]}
+
+    with running_app(app, label="completions-only judge") as url:
+        yield url, app.state.seen
+
+
+def test_the_start_up_check_asks_the_endpoint_the_judge_will_use(completions_only_judge):
+    """``reward.judge.api=chat`` against a server without chat is refused by ``build_judge`` (start-up), in
+    one line naming the URL, the api and the fix; the same server passes with ``api=completions``."""
+    from zerosim.agent.rewards import RewardConfig, build_judge
+    from zerosim.core.judge import JudgeConfig
+
+    url, seen = completions_only_judge
+    settings = {"url": url, "model": "judge", "connect_timeout": 0.3, "read_timeout": 2.0, "retries": 2}
+    seen.clear()
+    with pytest.raises(JudgeError) as err:
+        build_judge(RewardConfig(metric="judge", judge=JudgeConfig(api="chat", **settings)))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"judge server {url} does not answer POST /v1/chat/completions (HTTP 404"), (
+        message
+    )
+    assert "reward.judge.api=chat asks: set reward.judge.api=completions" in message, message
+    assert seen == ["GET /v1/models", "POST /v1/chat/completions"]  # not retried: the route is missing
+
+    seen.clear()
+    judge = build_judge(RewardConfig(metric="judge", judge=JudgeConfig(api="completions", **settings)))
+    assert seen == ["GET /v1/models", "POST /v1/completions"]
+    assert judge.stats["requests"] == 0 and not judge.cache  # the probe is neither counted nor cached
+    assert judge.score(["Capital of Peru?"], ["Lima"], [["Lima"]]) == [1.0]
+    judge.close()
+
+
+def test_training_with_a_judge_api_the_server_lacks_stops_before_any_rollout(
+    completions_only_judge, tmp_path, tiny_model_dir, capitals, monkeypatch
+):
+    from zerosim.training.recipe import train
+    from zerosim.training.trl_rollout import TRLRollout
+
+    rollouts = []
+    call = TRLRollout.__call__
+    monkeypatch.setattr(
+        TRLRollout, "__call__", lambda self, *a, **kw: rollouts.append(1) or call(self, *a, **kw)
+    )
+    url, seen = completions_only_judge
+    qa, corpus = capitals(4)
+    cfg = load_train_config(None, [
+        "warmstart.enabled=false", f"run.output_dir={tmp_path / 'out'}", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}", "trainer.max_steps=1",
+        "trainer.per_device_train_batch_size=2", "trainer.num_generations=2", "rollout.max_new_tokens=8",
+        "validation.every=0", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "runtime.threads=1",
+        "reward.metric=judge", f"reward.judge.url={url}", "reward.judge.api=chat", "reward.judge.retries=1",
+    ])  # fmt: skip
+    seen.clear()
+    with pytest.raises(
+        JudgeError, match=r"does not answer POST /v1/chat/completions.*reward.judge.api=completions"
+    ):
+        train(cfg)
+    assert rollouts == []
+    assert seen == ["GET /v1/models", "POST /v1/chat/completions"]
+    assert not list((tmp_path / "out").rglob("checkpoint-*"))
 
 
 def test_config_refuses_a_judge_without_url_and_dry_run_shows_it(zerosim_cli, tmp_path, monkeypatch):

@@ -409,6 +409,12 @@ def simulator_serve(
     threads: int = _threads_option(),
 ) -> None:
     """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
+    import os
+
+    # a server shares its cores with the training job that asks it: OpenMP threads spinning at every barrier
+    # made a served batch 6.8x slower than in-process on 2 cores (docs/simulator.md). Read once, when torch
+    # loads (next line), so it is set here; a user's own value is kept.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from simulators.openai_server import start_simulator_server
     from zerosim.core.runtime import apply_threads
 

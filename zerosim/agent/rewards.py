@@ -184,7 +184,8 @@ def make_reward_func(
 
 
 def build_judge(cfg: RewardConfig) -> LLMJudge | None:
-    """The config's LLM judge, its server checked (up, serving the model), or None when no reward asks one."""
+    """The config's LLM judge, its server checked (up, serving the model, answering on the endpoint
+    ``reward.judge.api`` asks: :meth:`LLMJudge.check`), or None when no reward asks one."""
     if not cfg.uses_judge():
         return None
     judge = LLMJudge.from_config(cfg.judge)

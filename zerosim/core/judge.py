@@ -10,6 +10,11 @@ per (question, answer) — and each batch asks the server once per unique uncach
 
 Transport: :class:`~zerosim.core.http.retry.RetryingClient` (bounded timeouts, retries, per-attempt deadline). One
 call takes at most ``retries * (connect_timeout + read_timeout)`` plus the backoff sleeps per request.
+
+Start-up: :meth:`LLMJudge.check` asks ``GET /v1/models`` (the server is up and serves the model) and then
+one :data:`PROBE` question on the very endpoint ``api`` names, so a server without it (an older
+``zerosim simulator serve`` has no ``/v1/chat/completions``) is refused before the first rollout, not
+after it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zerosim.core.config import ranged
-from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
+from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy, error_message
 from zerosim.core.search import SearchError
 
 
@@ -72,6 +77,7 @@ Predicted answer: {answer}
 Does the predicted answer match any gold answer? Reply with one word: yes or no.
 Reply:"""
 
+ENDPOINTS = {JudgeAPI.chat: "/v1/chat/completions", JudgeAPI.completions: "/v1/completions"}
 DEFAULT_RETRY = RetryPolicy()  # LLMJudge's when none is given (read_timeout 60 s)
 MAX_TOKENS = 4  # "yes" / "no" and a little room (a leading space, punctuation)
 _FIRST_WORD = re.compile(r"\W*([a-z]+)")  # after any quotes, brackets, bullets, markdown, spaces
@@ -80,6 +86,10 @@ _FIRST_WORD = re.compile(r"\W*([a-z]+)")  # after any quotes, brackets, bullets,
 def judge_prompt(question: str, answer: str, golds: Sequence[str]) -> str:
     """The text the judge is asked for one (question, predicted answer, gold answers)."""
     return PROMPT.format(question=question, answer=answer, golds=" | ".join(golds))
+
+
+# the start-up check's question: a real one, asked on the endpoint the judge will use (its verdict unread)
+PROBE = judge_prompt("What is the capital of France?", "Paris", ["Paris"])
 
 
 def parse_verdict(text: str) -> float | None:
@@ -121,8 +131,7 @@ class LLMJudge:
         base = url.rstrip("/")
         self.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
         self.api = JudgeAPI(api)
-        path = "/v1/chat/completions" if self.api == JudgeAPI.chat else "/v1/completions"
-        self.endpoint = self.base_url + path
+        self.endpoint = self.base_url + ENDPOINTS[self.api]
         self.model = model
         self.max_concurrency = max_concurrency
         self.cache: dict[tuple[str, str, tuple[str, ...]], float] = {}
@@ -164,8 +173,10 @@ class LLMJudge:
         return [0.0 if k is None else self.cache[k] for k in keys]
 
     def check(self) -> None:
-        """Ask ``GET /v1/models`` (with the retries) that the server is up and serves :attr:`model`, so a
-        wrong URL or model fails at start-up rather than after the first rollout."""
+        """Ask ``GET /v1/models`` (with the retries) that the server is up and serves :attr:`model`, then one
+        :data:`PROBE` question on :attr:`endpoint` that it answers there in OpenAI's shape, so a wrong URL,
+        model or ``api`` fails at start-up rather than after the first rollout. The probe's verdict is not
+        read (a model may still answer garbage: that is :meth:`score`'s error) nor counted in :attr:`stats`."""
         url = f"{self.base_url}/v1/models"
 
         def attempt() -> Any:
@@ -184,6 +195,34 @@ class LLMJudge:
                 f"judge server {self.base_url} serves {', '.join(map(str, served))}, not "
                 f"reward.judge.model={self.model!r}: set reward.judge.model to one of those"
             )
+        self._probe()
+
+    def _probe(self) -> None:
+        """One :data:`PROBE` question on :attr:`endpoint`: a server without that endpoint is a one-line error
+        naming the URL, the api and the fix."""
+        url = self.endpoint
+
+        def attempt() -> list[str]:
+            response = self._http.send("POST", url, json=self._body([PROBE]))
+            if response.status_code in (404, 405):  # no such route (the model was found in /v1/models)
+                other = next(a for a in JudgeAPI if a != self.api)
+                raise JudgeError(
+                    f"judge server {self.base_url} does not answer POST {ENDPOINTS[self.api]} (HTTP "
+                    f"{response.status_code}: {error_message(response)}), the endpoint "
+                    f"reward.judge.api={self.api} asks: set "
+                    f"reward.judge.api={other} (POST {ENDPOINTS[other]}) if it serves that, or serve the "
+                    f"judge with vllm serve or zerosim simulator serve (both answer either)"
+                )
+            self._http.raise_for_status(response, url)
+            return self._texts(self._http.json(response), 1)
+
+        try:
+            self._http.with_retries(url, attempt)
+        except SearchError as exc:
+            raise JudgeError(
+                f"{exc}. Check that reward.judge.url serves reward.judge.model={self.model!r} over "
+                f"reward.judge.api={self.api}"
+            ) from None
 
     def take_stats(self) -> dict[str, float]:
         """The counts since the last call, as ``judge/<name>`` metrics; the counts start again at 0."""
@@ -207,9 +246,9 @@ class LLMJudge:
         """The verdicts for ``prompts``: one request for all (completions) or one each (chat)."""
         try:
             if self.api == JudgeAPI.completions:
-                return self._with_retries(prompts, self._complete_once)
+                return self._with_retries(prompts, self._post)
             with ThreadPoolExecutor(min(self.max_concurrency, len(prompts))) as pool:
-                return list(pool.map(lambda p: self._with_retries([p], self._chat_once)[0], prompts))
+                return list(pool.map(lambda p: self._with_retries([p], self._post)[0], prompts))
         except SearchError as exc:  # RetryingClient's final error: it names the server, URL and problem
             raise JudgeError(
                 f"{exc}. Check that reward.judge.url serves reward.judge.model={self.model!r} over "
@@ -238,31 +277,26 @@ class LLMJudge:
 
         return self._http.with_retries(self.endpoint, attempt)
 
-    def _post(self, payload: dict[str, Any]) -> Any:
+    def _body(self, prompts: list[str]) -> dict[str, Any]:
+        """The request for ``prompts``: all in one completions request, or one chat message (chat)."""
+        settings = {"model": self.model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}
+        if self.api == JudgeAPI.completions:
+            return {**settings, "prompt": prompts}
+        (prompt,) = prompts
+        return {**settings, "messages": [{"role": "user", "content": prompt}]}
+
+    def _texts(self, data: Any, n: int) -> list[str]:
+        """The ``n`` answer texts of an OpenAI answer of :attr:`api`'s shape, in prompt order."""
+        if self.api == JudgeAPI.completions:
+            return _choices(data, n, lambda c: c.get("text"))
+        return _choices(data, n, lambda c: (c.get("message") or {}).get("content"))
+
+    def _post(self, prompts: list[str]) -> list[str]:
         with self._lock:
             self.stats["requests"] += 1
-        response = self._http.send("POST", self.endpoint, json=payload)
+        response = self._http.send("POST", self.endpoint, json=self._body(prompts))
         self._http.raise_for_status(response, self.endpoint)
-        return self._http.json(response)
-
-    def _complete_once(self, prompts: list[str]) -> list[str]:
-        data = self._post(
-            {"model": self.model, "prompt": prompts, "max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}
-        )
-        return _choices(data, len(prompts), lambda c: c.get("text"))
-
-    def _chat_once(self, prompts: list[str]) -> list[str]:
-        (prompt,) = prompts
-        data = self._post(
-            {
-                "model": self.model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": MAX_TOKENS,
-                "temperature": 0.0,
-                "seed": 0,
-            }
-        )
-        return _choices(data, 1, lambda c: (c.get("message") or {}).get("content"))
+        return self._texts(self._http.json(response), len(prompts))
 
 
 def _choices(data: Any, n: int, text_of) -> list[str]:
