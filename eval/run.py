@@ -15,7 +15,7 @@ from zerosim.core.data.embedded import load_questions
 from zerosim.core.data.jsonl import write_jsonl
 from zerosim.core.data.qa import sample_examples
 from zerosim.core.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
-from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.fsutil import atomic_write_text, check_output_folder
 from zerosim.core.search import SearchEngine
 from zerosim.core.tracking import check_tracking_uri, link_eval_table, log_config, log_jsonl, mlflow_run
 
@@ -124,21 +124,6 @@ def dataset_names(specs: list[str], default_split: str) -> list[tuple[str, str, 
     if "average" in names:
         raise ConfigError("a dataset may not be named 'average' (the table's average row); rename its file")
     return [(name, source, split) for name, (_, source, split) in zip(names, parsed, strict=True)]
-
-
-def check_output_folder(path: str | Path, key: str) -> None:
-    """Refuse an output folder that cannot be made: ``path``, or a folder above it, is an existing file. Checked
-    before anything loads (``mkdir`` would fail only once the models are up)."""
-    path = Path(path).expanduser()
-    for here in (path, *path.parents):
-        if here.exists():
-            if here.is_dir():
-                return
-            within = "" if here == path else f" (the job writes under {path})"
-            raise ConfigError(
-                f"{key}: {here} is an existing file, not a folder{within}; point {key} at a folder (it is "
-                "created when missing) or move the file"
-            )
 
 
 def run_name(cfg: HarnessConfig) -> str:

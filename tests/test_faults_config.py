@@ -284,6 +284,8 @@ TRAIN_DRY_RUN = [
     ("yaml-list (already worked)", ["--config", "{list.yaml}"], ["YAML mapping"]),
     ("no-equals (already worked)", ["trainer.max_steps"], ["key=value"]),
     ("missing-data-file (already worked)", ["data.train=nope.jsonl"], ["nope.jsonl", "does not exist"]),
+    # where the job writes: a file there failed at the first save, after the models loaded
+    ("output-dir-is-a-file", ["run.output_dir={good.jsonl}"], ["run.output_dir", "good.jsonl is an existing file, not a folder"]),
 ]  # fmt: skip
 
 
@@ -628,6 +630,7 @@ REAL_TRAIN = [
     "validation-data-malformed",
     "prompts-file-malformed",
     "bm25-corpus-missing",
+    "output-dir-is-a-file",
 ]
 
 

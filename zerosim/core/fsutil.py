@@ -119,3 +119,20 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
     return Path(path)
+
+
+def check_output_folder(path: str | Path, key: str) -> None:
+    """Refuse an output folder that cannot be made: ``path``, or a folder above it, is an existing file. Checked
+    before anything loads (``mkdir`` would fail only once the models are up)."""
+    from zerosim.core.config import ConfigError
+
+    path = Path(path).expanduser()
+    for here in (path, *path.parents):
+        if here.exists():
+            if here.is_dir():
+                return
+            within = "" if here == path else f" (the job writes under {path})"
+            raise ConfigError(
+                f"{key}: {here} is an existing file, not a folder{within}; point {key} at a folder (it is "
+                "created when missing) or move the file"
+            )

@@ -175,7 +175,7 @@ def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
 
 
 def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    from eval.run import check_output_folder
+    from zerosim.core.fsutil import check_output_folder
 
     cfg = load_config(path, overrides, schema=ExperimentConfig)
     check_output_folder(cfg.root, "output_dir")  # <output_dir>/<name>: every stage writes under it

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from curricula import curriculum_schedule, describe_curve
 from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url
+from zerosim.core.fsutil import check_output_folder
 from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.models import describe_model
 from zerosim.core.tracking import check_tracking_uri
@@ -160,6 +161,7 @@ def plan(
     check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store the run will write
 
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    check_output_folder(output_dir, "run.output_dir")  # not a file (mkdir would fail after the models load)
     # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
     checkpoint, run_id = resume if resume is not None else resume_point(cfg, output_dir)
     run = f"{cfg.run.name} -> {output_dir}"

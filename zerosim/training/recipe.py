@@ -22,7 +22,7 @@ from zerosim.agent.rollout import SearchRollout, build_prompt
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
-from zerosim.core.fsutil import atomic_directory, atomic_write_text
+from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder
 from zerosim.core.models import load_causal_lm, load_tokenizer
 from zerosim.core.signals import Terminated, graceful, stop_requested
 from zerosim.core.tracking import (
@@ -395,6 +395,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     main = procs.is_main_process
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    check_output_folder(output_dir, "run.output_dir")
     # which run this job continues, if any: checked (run id, config) before any weight loads
     checkpoint_in, run_id = resume_point(cfg, output_dir)
     from zerosim.training.dry_run import plan
