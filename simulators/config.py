@@ -254,3 +254,12 @@ class SimulatorEvalConfig:
     )
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="zerosim-simulator"))
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def validate(self, prefix: str) -> None:
+        """A quality report trains nothing, so it has no model of its own to log (``tracking.log_model``)."""
+        if self.tracking.log_model:
+            raise ConfigError(
+                f"{prefix}tracking.log_model=true: a simulator evaluation trains no model, so it has none to "
+                "log; set tracking.log_model=true on `zerosim simulator train`, which writes the simulator, and "
+                f"{prefix}tracking.log_model=false here"
+            )

@@ -302,6 +302,8 @@ def test_train_dry_run_refuses_bad_input(cli, files, tmp_path, monkeypatch, args
 
 
 OTHER_COMMANDS = [
+    # a job that trains nothing has no model to log: the setting was dropped in silence
+    ("simulator-eval-log-model", ["simulator", "eval", "tracking.log_model=true"], ["tracking.log_model=true", "a simulator evaluation trains no model"]),
     ("eval-limit-0", ["eval", "--limit", "0"], ["limit must be >= 1", "got 0"]),
     ("eval-limit-negative", ["eval", "--limit", "-1"], ["limit must be >= 1"]),
     ("eval-batch-size-0", ["eval", "batch_size=0"], ["batch_size must be >= 1"]),
