@@ -26,6 +26,12 @@ PROJECT_PACKAGES = ("zerosim", "eval", "simulators", "curricula")
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
+def _user_os_error(exc: BaseException) -> bool:
+    from zerosim.core.fsutil import DiskFullError
+
+    return isinstance(exc, (*USER_OS_ERRORS, DiskFullError))
+
+
 def _debug_env() -> bool:
     return os.environ.get("ZEROSIM_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
@@ -33,7 +39,7 @@ def _debug_env() -> bool:
 def _user_error(exc: BaseException) -> bool:
     from zerosim.core.search import SearchError
 
-    return isinstance(exc, (ValueError, SearchError, *USER_OS_ERRORS))
+    return isinstance(exc, (ValueError, SearchError)) or _user_os_error(exc)
 
 
 def _ours(exc: BaseException) -> bool:

@@ -8,6 +8,7 @@ an index or checkpoint folder is meant to be read by whoever may read its parent
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -48,6 +49,58 @@ def _make_temp_file(parent: Path, prefix: str) -> tuple[int, Path]:
     raise FileExistsError(f"no unused temporary name {prefix}* in {parent} after {_ATTEMPTS} tries")
 
 
+# what a full disk (or quota) looks like: errno, or the words of a library that lost it (torch's writer)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded", "file write failed")
+
+
+class DiskFullError(OSError):
+    """A write failed because its disk (or quota) is full: one line naming where, how much is free, the fix."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return True
+        if any(words in str(exc) for words in NO_SPACE_WORDS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _free(path: Path) -> str:
+    here = Path(path).absolute()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        return f"{shutil.disk_usage(here).free / 2**20:,.0f} MiB free"
+    except OSError:
+        return "free space unknown"
+
+
+@contextlib.contextmanager
+def named_disk_full(path: str | Path, what: str, fix: str) -> Iterator[None]:
+    """Turn a full disk met inside the block (an ``OSError`` ENOSPC/EDQUOT, or a library's words for it) into
+    :class:`DiskFullError`: ``<what>: the disk holding <path> is full (N MiB free); <fix>``."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as exc:
+        if not no_space(exc):
+            raise
+        raise DiskFullError(f"{what}: the disk holding {path} is full ({_free(Path(path))}); {fix}") from exc
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``target``; on success it replaces ``target``.
@@ -58,8 +111,10 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(target.parent, f".tmp-{target.name}-")
+    fix = "nothing was left half-written; free space there or write elsewhere, then run again"
     try:
-        yield tmp
+        with named_disk_full(target, f"writing {target.name}", fix):
+            yield tmp
         old = None
         if target.exists():  # move the old one aside first: the target is missing only between two renames
             old = make_temp_dir(target.parent, f".old-{target.name}-")

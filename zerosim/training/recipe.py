@@ -22,7 +22,7 @@ from zerosim.agent.rollout import SearchRollout, build_prompt
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
-from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder
+from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder, named_disk_full
 from zerosim.core.models import load_causal_lm, load_tokenizer
 from zerosim.core.signals import Terminated, graceful, stop_requested
 from zerosim.core.tracking import (
@@ -537,7 +537,14 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             validation.bind(trainer)
         if checkpoint_in is not None:
             state_callback.load(checkpoint_in)
-        with graceful():  # a SIGTERM finishes the step, saves a checkpoint, then stops (zerosim.core.signals)
+        full = named_disk_full(
+            output_dir,
+            "saving a checkpoint",
+            "free space there (or point run.output_dir at another disk and move the run folder), then run again "
+            "with resume=true: it continues from the last complete checkpoint",
+        )
+        # a SIGTERM finishes the step, saves a checkpoint, then stops (zerosim.core.signals)
+        with graceful(), full:
             trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
             if stop_requested():
                 raise Terminated(
