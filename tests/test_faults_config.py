@@ -520,6 +520,8 @@ def test_experiment_log_model_reaches_every_arm_and_changes_no_stage_key(tmp_pat
     assert [s.key for s in stages["true"]] == [s.key for s in stages["false"]]
     trains = [s for s in stages["true"] if s.kind == "train"]
     assert trains and all(s.config.tracking.log_model for s in trains)
+    (warm,) = [s for s in stages["true"] if s.kind == "warmstart"]  # the shared warm start's policy too
+    assert warm.config.tracking.log_model
     assert not any(s.config.tracking.log_model for s in stages["false"] if s.kind == "train")
     evals = [s for s in stages["true"] if s.kind == "eval"]
     assert evals and not any(s.config.tracking.log_model for s in evals)  # an eval has no model to log

@@ -128,3 +128,20 @@ def test_the_warm_start_refuses_to_step_bf16_weights(
     )  # fmt: skip
     assert "bfloat16" in result.stderr and "policy.dtype" in result.stderr, result.stderr
     assert not (tmp_path / "out" / "ws" / "warmstart" / "final").exists()
+
+
+def test_the_warm_start_logs_its_policy_when_asked(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
+    """tracking.log_model=true was dropped by `zerosim policy warmstart` (and so for an experiment's rl: false
+    arms, which evaluate the warm start): its policy is the run's model now."""
+    import mlflow
+
+    qa, corpus = _warmstart_files(tmp_path)
+    zerosim_cli(
+        "policy", "warmstart", f"policy.model={tiny_model_dir}", f"warmstart.data={qa}",
+        f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=1", "warmstart.batch_size=2",
+        "warmstart.num_examples=2", f"run.output_dir={tmp_path / 'out'}", "run.name=ws",
+        f"tracking.tracking_uri={mlflow_db}", "tracking.log_model=true",
+    )  # fmt: skip
+    mlflow.set_tracking_uri(mlflow_db)
+    (run,) = mlflow.search_runs(experiment_names=["zerosim"], output_format="list")
+    assert run.data.tags["zerosim.job"] == "warmstart" and run.data.tags.get("zerosim.model_uri")

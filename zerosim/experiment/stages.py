@@ -46,7 +46,11 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
     simulator = _simulator(cfg, root, stages)
     base = _base_recipe(cfg)
     warm = _train_config(cfg, base, [*cfg.warmstart, f"run.output_dir={root / 'stages'}", "run.name=warmstart"], "warmstart")  # fmt: skip
-    start = _warmstart(warm, root, stages)
+    # the experiment's tracking.log_model: the shared warm start's policy (what rl: false arms evaluate) too
+    logged = (
+        replace(warm, tracking=replace(warm.tracking, log_model=True)) if cfg.tracking.log_model else warm
+    )
+    start = _warmstart(logged, root, stages)
     policies = _arms(cfg, root, base, warm, start, simulator, stages)
     _evals(cfg, root, warm, policies, stages)
     _baselines(cfg, root, warm, stages)

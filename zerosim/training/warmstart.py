@@ -167,5 +167,9 @@ def run_warmstart(
             trainer.save_model(str(tmp))
             tokenizer.save_pretrained(str(tmp))
         mlflow.set_tag("zerosim.checkpoint", str(target.resolve()))
+        if tracking.log_model:  # the warm-start policy as the run's model (rl: false arms evaluate it)
+            from zerosim.core.tracking import log_model
+
+            log_model(target, name="policy")
     shutil.rmtree(output_dir / "trainer", ignore_errors=True)
     return target
