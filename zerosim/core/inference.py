@@ -55,6 +55,15 @@ def release_vllm(llm) -> None:
         torch.cuda.empty_cache()
 
 
+def _sampling(gen, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed) -> None:
+    """The settings both generators hold: sampling, the stop strings, and the EOS ids a row is cut at."""
+    gen.tokenizer = tokenizer
+    gen.temperature, gen.top_p, gen.seed = temperature, top_p, seed
+    gen.stop_strings = tuple(stop_strings)
+    eos = [tokenizer.eos_token_id] if eos_token_ids is None else eos_token_ids
+    gen.eos_token_ids = frozenset(int(t) for t in eos if t is not None)
+
+
 class OfflineVLLMGenerator:
     """Batched generation with an in-process ``vllm.LLM``: one ``LLM.generate`` per call, prompts as token
     ids (``TokensPrompt`` dicts, as TRL passes them), vLLM's ``stop`` strings kept in the output and each row
@@ -74,11 +83,7 @@ class OfflineVLLMGenerator:
         seed: int | None = None,
     ):
         self.llm = llm
-        self.tokenizer = tokenizer
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-        self.stop_strings = tuple(stop_strings)
-        eos = [tokenizer.eos_token_id] if eos_token_ids is None else eos_token_ids
-        self.eos_token_ids = frozenset(int(t) for t in eos if t is not None)
+        _sampling(self, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed)
 
     def idle(self, max_new_tokens: int) -> None:
         """Nothing to take part in: one process, one engine."""
@@ -214,11 +219,7 @@ class ServedGenerator:
             if not math.isfinite(value):  # JSON cannot carry it
                 raise ValueError(f"{name}={value} must be a finite number")
         self.server = server
-        self.tokenizer = tokenizer
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-        self.stop_strings = tuple(stop_strings)
-        eos = [tokenizer.eos_token_id] if eos_token_ids is None else eos_token_ids
-        self.eos_token_ids = frozenset(int(t) for t in eos if t is not None)
+        _sampling(self, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed)
 
     def idle(self, max_new_tokens: int) -> None:
         """Nothing to take part in: the server serves each request on its own."""

@@ -46,7 +46,7 @@ from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_comple
     resumed_changes,
 )
 from zerosim.training.config import TrainConfig
-from zerosim.training.speedups import cpu_autocast_bf16
+from zerosim.training.speedups import cpu_autocast_bf16, machine_line
 from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
 
@@ -220,29 +220,6 @@ class CollapseGuard(TrainerCallback):
         if self.streak >= self.patience:
             self.collapsed_at = int(state.global_step)
             control.should_training_stop = True
-
-
-def machine_line(cfg: TrainConfig) -> str:
-    """``machine: <CPU kind or GPU> · update in bf16|fp32 (trainer.bf16=...: why)``."""
-    from zerosim.core.runtime import cpu_kind
-
-    t = cfg.trainer
-    setting = {None: "auto", True: "true", False: "false"}[t.bf16]
-    if torch.cuda.is_available():
-        return f"machine: {torch.cuda.get_device_name()} (CUDA) · trainer.bf16={setting} (the GPU recipe's precision)"
-    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0)
-    kind = cpu_kind()
-    if setting != "auto":
-        why = "as set"
-    elif bf16:
-        why = "AMX multiplies bf16 in hardware"
-    elif "AMX" not in kind.replace("no AMX", ""):
-        why = "no AMX on this CPU"
-    else:
-        why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
-    return (
-        f"machine: {kind} · update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
-    )
 
 
 class StopOnSigterm(TrainerCallback):

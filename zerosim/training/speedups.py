@@ -116,6 +116,29 @@ def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False) -> bo
     return True
 
 
+def machine_line(cfg) -> str:
+    """``machine: <CPU kind or GPU> · update in bf16|fp32 (trainer.bf16=...: why)``."""
+    from zerosim.core.runtime import cpu_kind
+
+    t = cfg.trainer
+    setting = {None: "auto", True: "true", False: "false"}[t.bf16]
+    if torch.cuda.is_available():
+        return f"machine: {torch.cuda.get_device_name()} (CUDA) · trainer.bf16={setting} (the GPU recipe's precision)"
+    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0)
+    kind = cpu_kind()
+    if setting != "auto":
+        why = "as set"
+    elif bf16:
+        why = "AMX multiplies bf16 in hardware"
+    elif "AMX" not in kind.replace("no AMX", ""):
+        why = "no AMX on this CPU"
+    else:
+        why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
+    return (
+        f"machine: {kind} · update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
+    )
+
+
 # -- the log-prob head: only the positions that are scored -----------------------------------------------------
 # TRL's fused LM head (``add_fused_lm_head``) projects only the positions with a label on CUDA, but every
 # position elsewhere (prompt and padding included), and TRL labels every completion token, the
