@@ -92,6 +92,102 @@ def test_sequence_advantages_through_the_trainer(tmp_path, tiny_model_dir, token
     assert out["tool_mask"].tolist() == ENV  # no group has equal rewards: nothing dropped
 
 
+# Step rewards: trajectory 0 searched once (its </search> closes at token 1) and was shown documents holding
+# the gold answer (step reward 0.4), trajectory 1 searched the same way and was shown none (0.0) — under a
+# simulator, the draw of its noise. Both then answered wrong (outcome 0.2: the format reward alone). Group 2:
+# no searches, outcomes 1 and 0.
+STEPS = [[(1, 0.4)], [(1, 0.0)], [], []]
+OUTCOMES = [0.2, 0.2, 1.0, 0.0]
+WHOLE = [o + sum(v for _, v in st) for o, st in zip(OUTCOMES, STEPS, strict=True)]  # what the reward returns
+
+
+def stepped_rollout(prompts, trainer):
+    """``scripted_rollout`` with the rollout's step-reward fields (``zerosim.training.trl_rollout``)."""
+    out = scripted_rollout(prompts, trainer)
+    out["step_rewards"] = STEPS[: len(prompts)]
+    out["step_reward_total"] = [sum(v for _, v in st) for st in STEPS[: len(prompts)]]
+    return out
+
+
+def stepped(tmp_path, tiny_model_dir, tokenizer, algorithm, step_credit):
+    torch.manual_seed(0)
+    trainer = make_trainer(
+        tmp_path, tiny_model_dir, tokenizer, rewards=WHOLE, algorithm=algorithm, rollout_func=stepped_rollout,
+        step_credit=step_credit, dynamic_sampling=False if algorithm == "dapo" else None,
+    )  # fmt: skip
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    # one dict per row: TRL writes the rollout's fields into each row, where the trainer reads them back
+    return trainer._generate_and_score_completions([{"prompt": "q"} for _ in range(4)])
+
+
+def test_sequence_credit_pays_the_answer_for_the_documents_it_was_shown(tmp_path, tiny_model_dir, tokenizer):
+    """What ``reward.step_credit=sequence`` does (the default, as before): the step reward joins the
+    trajectory's reward, so the wrong answer written after the gold-bearing documents is pushed up and the
+    same wrong answer after the others pushed down — a gradient on the answer from the environment's draw."""
+    out = stepped(tmp_path, tiny_model_dir, tokenizer, "grpo", "sequence")
+    a = 0.2 / (math.sqrt(0.08) + 1e-4)  # (0.6 - 0.4) / std(0.6, 0.2)
+    assert out["advantages"].tolist() == pytest.approx([a, -a, 0.5 / (S0 + 1e-4), -0.5 / (S0 + 1e-4)], rel=1e-5)
+
+
+PREFIX_EXPECTED = {
+    # (the searches' tokens 0..1, the answer's tokens 2..5) of trajectories 0 and 1; group 2's every token
+    "grpo": ((0.2 / (math.sqrt(0.08) + 1e-4), 0.0), 0.5 / (S0 + 1e-4)),
+    "dapo": ((0.2 / (math.sqrt(0.08) + 1e-4), 0.0), 0.5 / (S0 + 1e-4)),
+    "dr_grpo": ((0.2, 0.0), 0.5),
+    "rloo": ((0.4, 0.0), 1.0),  # leave-one-out: the other trajectory's search (0.0 or 0.4), outcome 1 - 0
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PREFIX_EXPECTED))
+def test_prefix_credit_keeps_a_step_reward_to_the_tokens_of_its_search(
+    tmp_path, tiny_model_dir, tokenizer, algorithm
+):
+    """``reward.step_credit=prefix``: the search's tokens carry its step reward's advantage, the answer's
+    tokens the outcome's alone (0 here: both answers scored the same), whatever the documents were."""
+    out = stepped(tmp_path, tiny_model_dir, tokenizer, algorithm, "prefix")
+    (search, answer), outcome = PREFIX_EXPECTED[algorithm]
+    expected = [
+        [search] * 2 + [answer] * 4,
+        [-search] * 2 + [-answer] * 4,
+        [outcome] * 6,
+        [-outcome] * 6,
+    ]
+    assert out["advantages"].shape == (4, 6)
+    assert out["advantages"].tolist() == [pytest.approx(row, rel=1e-5, abs=1e-6) for row in expected]
+
+
+def test_prefix_credit_without_step_rewards_is_the_algorithms_own_advantage(tmp_path, tiny_model_dir, tokenizer):
+    from zerosim.training.algorithms import prefix_credited_advantages
+
+    for algorithm in ("grpo", "dr_grpo", "rloo", "reinforce"):
+        _, out = scored(tmp_path / algorithm, tiny_model_dir, tokenizer, algorithm, REWARDS)
+        none = torch.full((4, 0), torch.nan)
+        got = prefix_credited_advantages(
+            torch.tensor(REWARDS), torch.zeros(4), none, none.long(), 2, 6, algorithm
+        )
+        torch.testing.assert_close(got, out["advantages"].float().view(4, 1).expand(4, 6), rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_credit_reinforce_two_searches_and_an_unscorable_row():
+    """No baseline: a token's advantage is the outcome plus the step rewards of the searches still ahead of
+    it; a second search credits only the tokens up to its own </search>; an unscorable row gets 0."""
+    from zerosim.training.algorithms import prefix_credited_advantages
+
+    rewards = torch.tensor([1.0 + 0.3 + 0.1, torch.nan])
+    steps = torch.tensor([[0.3, 0.1], [0.2, torch.nan]])
+    where = torch.tensor([[1, 3], [1, -1]])
+    got = prefix_credited_advantages(rewards, torch.tensor([0.4, 0.2]), steps, where, 2, 5, "reinforce")
+    assert got.tolist() == [pytest.approx([1.4, 1.4, 1.1, 1.1, 1.0]), [0.0] * 5]
+    with pytest.raises(ValueError, match="ppo and reinforce_pp place"):
+        prefix_credited_advantages(rewards, torch.zeros(2), steps, where, 2, 5, "ppo")
+
+
+def test_step_credit_is_sequence_or_prefix(tmp_path, tiny_model_dir, tokenizer):
+    with pytest.raises(ValueError, match="'sequence' or 'prefix'"):
+        make_trainer(tmp_path, tiny_model_dir, tokenizer, step_credit="answer")
+
+
 def test_dapo_clips_higher_and_drops_equal_reward_groups(tmp_path, tiny_model_dir, tokenizer):
     rewards = [1.0, 0.0, 0.5, 0.5]  # the second group has no signal
     trainer, out = scored(tmp_path, tiny_model_dir, tokenizer, "dapo", rewards)

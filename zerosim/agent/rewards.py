@@ -36,6 +36,18 @@ METRICS: dict[Metric, Callable[[str, Sequence[str]], float]] = {
 }
 
 
+class StepCredit(StrEnum):
+    """Which tokens a search's step reward credits under the sequence-level algorithms (``reward.step_credit``).
+
+    ``sequence`` adds it to the trajectory's reward: every token, the answer's included, shares it — so an
+    answer is credited for documents the environment happened to return (under a simulator, the draw of its
+    noise), whatever the answer made of them. ``prefix`` keeps it to the tokens up to the search's
+    ``</search>`` (:func:`zerosim.training.algorithms.prefix_credited_advantages`)."""
+
+    sequence = "sequence"
+    prefix = "prefix"
+
+
 @dataclass
 class RewardConfig:
     # em | f1 | cover_em | judge (an LLM asked at reward.judge.url) — outcome reward from the final <answer>
@@ -48,6 +60,10 @@ class RewardConfig:
     step_gain_weight: float = ranged(0.0, ">=0")
     # StepSearch-style: weight of the penalty for documents already seen (0 = off)
     step_redundancy_weight: float = ranged(0.0, ">=0")
+    # sequence-level algorithms: sequence (a search's step reward joins the trajectory's reward, every token
+    # shares it) | prefix (it credits only the tokens up to its </search>; the answer's tokens are judged by
+    # the outcome alone). PPO and REINFORCE++ always place it on its </search> token
+    step_credit: StepCredit = StepCredit.sequence
     # the LLM judge of metric=judge / a judge weight (an OpenAI-compatible server)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 

@@ -97,6 +97,94 @@ def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(rewards.clone(), nan=0.0)
 
 
+# The sequence-level algorithms whose step rewards ``reward.step_credit=prefix`` can keep to their searches'
+# tokens, and the baseline and scale each one's advantage takes (grpo/dapo: TRL's group mean and std).
+PREFIX_CREDIT: dict[str, tuple[str, bool]] = {
+    "grpo": ("mean", True),
+    "dapo": ("mean", True),
+    "dr_grpo": ("mean", False),
+    "rloo": ("others", False),
+    "reinforce": ("none", False),
+}
+
+
+def prefix_credited_advantages(
+    rewards: torch.Tensor,
+    step_totals: torch.Tensor,
+    steps: torch.Tensor,
+    positions: torch.Tensor,
+    group_size: int,
+    width: int,
+    algorithm: str,
+) -> torch.Tensor:
+    """``(B, width)`` token advantages of a sequence-level algorithm whose step rewards credit only the tokens
+    that led to them (``reward.step_credit=prefix``).
+
+    ``rewards`` ``(B,)``: each trajectory's whole reward (NaN: unscorable), ``step_totals`` ``(B,)`` the sum
+    of its step rewards in it, so its outcome is ``o_i = rewards_i - step_totals_i``; ``steps`` ``(B, S)``:
+    its searches' step rewards (NaN: no such search, or one whose ``</search>`` was cut off); ``positions``
+    ``(B, S)``: the completion index of each search's closing ``</search>`` token. With ``b`` the algorithm's baseline and ``σ`` its
+    scale (:data:`PREFIX_CREDIT`), token ``t`` of trajectory ``i`` gets
+
+        ``A_i(t) = (o_i - b(o))/σ + Σ_{s: pos_{i,s} ≥ t} (r_{i,s} - b(r))/σ``
+
+    — the outcome's advantage on every token, each search's on the tokens up to its ``</search>`` only, so
+    an answer is never credited for the documents it was shown. ``b``: the group's mean (grpo, dapo,
+    dr_grpo; for step rewards, the mean over the group's searches), the mean of the *other* trajectories
+    (rloo), 0 (reinforce). ``σ``: the group's std of the whole rewards + EPS (grpo, dapo: what TRL divides
+    by), else 1. Without step rewards this is the algorithm's own advantage on every
+    token.
+    """
+    if algorithm not in PREFIX_CREDIT:
+        raise ValueError(
+            f"step rewards credited to their searches' tokens are built for {', '.join(PREFIX_CREDIT)}, not "
+            f"{algorithm!r} (ppo and reinforce_pp place each on its </search> token already)"
+        )
+    baseline, scaled = PREFIX_CREDIT[algorithm]
+    if baseline == "others" and group_size < 2:
+        raise ValueError("RLOO needs at least 2 trajectories per prompt (trainer.num_generations >= 2)")
+    B = rewards.numel()
+    whole = _grouped(rewards.float(), group_size)  # (P, G)
+    o = whole - step_totals.float().to(whole.device).view_as(whole)
+    r = steps.float().to(whole.device).reshape(B, -1).view(o.shape[0], group_size, -1)  # (P, G, S)
+    has = ~torch.isnan(r)
+    scorable = ~torch.isnan(o)
+    o0 = torch.nan_to_num(o, nan=0.0)
+    r0 = torch.nan_to_num(r, nan=0.0)
+    if baseline == "mean":
+        n = scorable.sum(1, keepdim=True).clamp(min=1)
+        b_o = (o0 * scorable).sum(1, keepdim=True) / n
+        b_r = (r0.sum((1, 2)) / has.sum((1, 2)).clamp(min=1)).view(-1, 1, 1)
+    elif baseline == "others":
+        b_o = (o0.sum(1, keepdim=True) - o0) / (group_size - 1)
+        total, count = r0.sum(2), has.sum(2)  # per trajectory
+        others = (total.sum(1, keepdim=True) - total) / (count.sum(1, keepdim=True) - count).clamp(min=1)
+        b_r = others.unsqueeze(2)
+    else:
+        b_o, b_r = torch.zeros_like(o0), torch.zeros_like(r0)
+    if scaled:
+        sigma = _nanstd(whole).unsqueeze(1) + EPS  # (P, 1)
+    else:
+        sigma = torch.ones_like(o0[:, :1])
+    outcome_adv = ((o0 - b_o) / sigma).masked_fill(~scorable, 0.0).reshape(B)
+    step_adv = ((r0 - b_r) / sigma.unsqueeze(2)).masked_fill(~has | ~scorable.unsqueeze(2), 0.0).reshape(B, -1)
+    out = outcome_adv.unsqueeze(1).expand(B, width).clone()
+    t = torch.arange(width, device=out.device)
+    pos = positions.reshape(B, -1).to(out.device)
+    for s in range(step_adv.shape[1]):  # a handful of searches: one masked add each
+        upto = (t.unsqueeze(0) <= pos[:, s : s + 1]).float()
+        out += upto * step_adv[:, s : s + 1]
+    return out
+
+
+def _nanstd(x: torch.Tensor) -> torch.Tensor:
+    """Per row, the unbiased std of the non-NaN entries (0 with fewer than 2): TRL's ``nanstd``."""
+    n = (~torch.isnan(x)).sum(1)
+    mean = torch.nanmean(x, dim=1, keepdim=True)
+    var = torch.nansum((x - mean) ** 2, dim=1) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, var.sqrt(), torch.zeros_like(var))
+
+
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """``(B, T)`` discounted sums of the token rewards from each policy token to the end of its row.
 

@@ -485,6 +485,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
             update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
             dynamic_sampling=t.dynamic_sampling,
+            step_credit=str(cfg.reward.step_credit),
             model=policy,
             reward_funcs=[
                 instrumented(

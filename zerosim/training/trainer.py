@@ -46,10 +46,12 @@ from zerosim.training.algorithms import (
     ALGORITHMS,
     DYNAMIC_SAMPLING,
     EPS,
+    PREFIX_CREDIT,
     algorithm_args,
     gae,
     masked_mean,
     outcome_token_rewards,
+    prefix_credited_advantages,
     returns_to_go,
     uniform_groups,
     value_loss,
@@ -163,6 +165,7 @@ class SearchTrainer(GRPOTrainer):
         dynamic_sampling: bool | None = None,
         group_by_length: bool = True,
         update_bf16: bool = False,
+        step_credit: str = "sequence",
         **kwargs: Any,
     ):
         if algorithm not in ALGORITHMS:
@@ -182,6 +185,8 @@ class SearchTrainer(GRPOTrainer):
                 f"token-level loss ({', '.join(DYNAMIC_SAMPLING)}), not algorithm={algorithm}: "
                 "set trainer.dynamic_sampling=false or use trainer.algorithm=dapo"
             )
+        if step_credit not in ("sequence", "prefix"):
+            raise ValueError(f"step_credit is 'sequence' or 'prefix', got {step_credit!r}")
         if not isinstance(kwargs.get("args"), GRPOConfig):
             raise TypeError("SearchTrainer needs args=GRPOConfig(...), passed by keyword")
         kwargs["args"] = _apply_algorithm(kwargs["args"], algorithm)
@@ -193,6 +198,8 @@ class SearchTrainer(GRPOTrainer):
         self.critic_micro_batch = critic_micro_batch
         self.group_by_length = group_by_length
         self.update_bf16 = update_bf16
+        # ppo and reinforce_pp place each step reward on its </search> token whatever this says
+        self.step_credit = step_credit
         # the loss's pass scores only its loss mask's positions (see compact_log_prob_head)
         self._scored_positions: torch.Tensor | None = None
         me = weakref.ref(self)
@@ -325,7 +332,9 @@ class SearchTrainer(GRPOTrainer):
         local = output["completion_ids"].shape[0]
         start = self.accelerator.process_index * local
         mode = "train" if self.model.training else "eval"
-        if self.algorithm in ADVANTAGES:
+        if self.step_credit == "prefix" and self.algorithm in PREFIX_CREDIT:  # every rank: it gathers
+            output["advantages"] = self._prefix_credited(output, rewards, inputs, steps, start)
+        elif self.algorithm in ADVANTAGES:
             advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
             output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
         elif self.algorithm == "reinforce_pp":
@@ -341,6 +350,28 @@ class SearchTrainer(GRPOTrainer):
                 output["advantages"].abs().mean().item()
             )
         return output
+
+    def _prefix_credited(self, output, rewards: torch.Tensor, inputs, steps: StepRewards, start: int):
+        """``(B, T)`` advantages for this rank's rows with each step reward credited to the tokens up to its
+        ``</search>`` only (:func:`zerosim.training.algorithms.prefix_credited_advantages`); every rank's
+        step rewards are gathered, since a group's baseline and scale read the whole group."""
+        device = rewards.device
+        local, width = output["completion_ids"].shape
+        most = max((len(items) for items in steps), default=0)
+        values = torch.full((local, most), torch.nan, device=device)
+        where = torch.full((local, most), -1, dtype=torch.long, device=device)
+        for row, items in enumerate(steps):
+            for s, (index, value) in enumerate(items):
+                values[row, s], where[row, s] = value, index
+        totals = torch.tensor([float(r.get("step_reward_total") or 0.0) for r in inputs], device=device)
+        gather = self.accelerator
+        values = gather.gather(gather.pad_across_processes(values, dim=1, pad_index=torch.nan))
+        where = gather.gather(gather.pad_across_processes(where, dim=1, pad_index=-1))
+        totals = gather.gather(totals)
+        advantages = prefix_credited_advantages(
+            rewards, totals, values, where, self.num_generations, width, self.algorithm
+        )
+        return advantages[start : start + local].to(output["advantages"].dtype)
 
     def _loss_mask(self, output) -> torch.Tensor:
         mask = output["completion_mask"]
