@@ -112,6 +112,48 @@ def _stages(root: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in (root / "stages").glob("*/stage.json")}
 
 
+def test_report_pairs_compare_two_arms_besides_the_reference(tmp_path, mlflow_db):
+    """``report.pairs=[a:b]``: a paired comparison of two arms (a - b over seeds x questions), in its own table
+    after the reference's, beside every arm's comparison with the reference."""
+    import mlflow
+
+    from zerosim.experiment import ExperimentConfig
+    from zerosim.experiment.report import EvalScores, write_report
+    from zerosim.job_config import EvalConfig
+
+    rng = np.random.default_rng(0)
+    rates = {"real": 0.5, "a": 0.2, "b": 0.4}
+    evals, means = [], {}
+    for arm, rate in rates.items():
+        scores = []
+        for seed in (0, 1):
+            ems = (rng.random(60) < rate).astype(float)
+            path = tmp_path / f"{arm}-{seed}.jsonl"
+            path.write_text("".join(
+                json.dumps({"dataset": "d", "id": i, "em": e, "f1": e, "cover_em": e}) + "\n"
+                for i, e in enumerate(ems)
+            ))  # fmt: skip
+            evals.append(EvalScores(arm, "bm25", seed, path))
+            scores.append(ems)
+        means[arm] = float(np.mean(scores))
+    cfg = ExperimentConfig()
+    cfg.report.pairs = ["a:b"]
+    cfg.report.resamples = 200
+    mlflow.set_tracking_uri(mlflow_db)
+    with mlflow.start_run():
+        write_report(cfg, evals, {}, EvalConfig(), tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    pairs = [(c["arm"], c["reference"]) for c in report["comparisons"]]
+    assert pairs == [("a", "real"), ("b", "real"), ("a", "b")]
+    (ab,) = [c for c in report["comparisons"] if c["reference"] == "b"]
+    assert ab["em"]["diff"] == pytest.approx(means["a"] - means["b"])
+    assert ab["em"]["levels"] == "seeds x questions" and ab["seeds"] == ab["reference_seeds"] == 2
+    assert ab["em"]["diff_low"] <= ab["em"]["diff"] <= ab["em"]["diff_high"]
+    md = (tmp_path / "report.md").read_text()
+    assert md.index("### Paired against `real`") < md.index("### Paired against `b`")
+    assert md.count("Sentences:") == 2
+
+
 def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     import mlflow
 
@@ -662,6 +704,21 @@ def test_the_curriculum_ablation_changes_one_thing_per_arm(tmp_path):
     assert len(evals) == 10 and sum(s.meta["arm"] == "none" for s in evals) == 1
     assert all(s.config.split == "fact-test" and s.config.limit is None for s in evals)
     assert stages["sim-collect"].config.split == "fact-train"
+    assert cfg.report.pairs == ["sim-curriculum:sim-fixed-matched"]
+
+    # the follow-up arms, once enabled: each differs from its arm in how step rewards are credited alone
+    more = load_experiment(
+        ROOT / "configs" / "experiments" / "curriculum-ablation-cpu.yaml",
+        [f"output_dir={tmp_path}", "arms.sim-fixed-matched-prefix.enabled=true", "arms.sim-curriculum-prefix.enabled=true"],
+    )  # fmt: skip
+    built = {s.name: s.config for s in build_stages(more, tmp_path / more.name) if s.kind == "train"}
+    for arm in ("sim-fixed-matched", "sim-curriculum"):
+        base, prefix = built[f"train-{arm}-s0"], built[f"train-{arm}-prefix-s0"]
+        differ = (
+            changed_settings(prefix, TrainConfig, missing=None).items()
+            ^ changed_settings(base, TrainConfig, missing=None).items()
+        )
+        assert {k for k, _ in differ} - {"run.name", "run.output_dir"} == {"reward.step_credit"}
 
 
 def test_the_manifest_names_the_code_and_flags_stages_from_other_code():

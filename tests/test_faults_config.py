@@ -334,6 +334,8 @@ EXPERIMENT_INPUTS = [
     ("resamples-0", ["report.resamples=0"], ["report.resamples must be >= 100", "got 0"]),
     ("resamples-1", ["report.resamples=1"], ["report.resamples must be >= 100"]),
     ("seeds-twice", ["seeds=[0,0]"], ["seeds lists 0 more than once"]),
+    ("report-pair-unknown-arm", ["report.pairs=[sim:warm]"], ["report.pairs entry 'sim:warm'", "ARM:AGAINST"]),
+    ("report-pair-not-a-pair", ["report.pairs=[sim]"], ["report.pairs entry 'sim'", "two different enabled arms"]),
     ("seed-negative", ["seeds=[0,-1]"], ["seeds[1] must be >= 0"]),
     ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "does not exist"]),
     # an arm's name is its report row and its folders: a baseline's row name merged the two into one row

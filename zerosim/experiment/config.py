@@ -108,6 +108,8 @@ class ExperimentEvalConfig:
 class ReportConfig:
     # the arm every other arm is compared with (paired, same questions)
     reference: str = "real"
+    # further paired comparisons, each "ARM:AGAINST" (ARM - AGAINST), e.g. ["sim-curriculum:sim-fixed-matched"]
+    pairs: list[str] = field(default_factory=list)
     # bootstrap interval level
     confidence: float = ranged(0.95, "(0,1)")
     # bootstrap resamples (fewer than 100 give intervals that can exclude their own mean)
@@ -188,6 +190,13 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
             f"report.reference={cfg.report.reference!r} is not an enabled arm ({', '.join(arms)}): "
             "name one of them, e.g. report.reference=real"
         )
+    for pair in cfg.report.pairs:
+        named = pair.split(":")
+        if len(named) != 2 or named[0] == named[1] or any(n not in arms for n in named):
+            raise ConfigError(
+                f"report.pairs entry {pair!r} must be ARM:AGAINST, two different enabled arms "
+                f"({', '.join(arms)}), e.g. report.pairs=[sim-curriculum:sim-fixed-matched]"
+            )
     if not cfg.seeds:
         raise ConfigError("seeds is empty: give at least one, e.g. seeds=[0]")
     twice = sorted({s for s in cfg.seeds if cfg.seeds.count(s) > 1})

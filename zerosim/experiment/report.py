@@ -175,28 +175,31 @@ def write_report(
             for k in METRICS:
                 row.update(interval_fields(k, mean_interval(_matrix(by_seed, questions, k), **opts)))
             rows.append(row)
+    pairs = [(arm, r.reference) for arm, _ in per if arm != r.reference]
+    pairs += [tuple(p.split(":")) for p in r.pairs]
     comparisons = []
-    for (arm, engine), data in per.items():
-        ref = per.get((r.reference, engine))
-        if arm == r.reference or ref is None:
-            continue
-        for dataset, by_seed in data.items():
-            ref_seeds = ref.get(dataset, {})
-            common = _common(by_seed, ref_seeds)
-            if not ref_seeds or not common:
+    for arm, against in dict.fromkeys(pairs):  # each pair once, in order: the reference's first
+        for (name, engine), data in per.items():
+            ref = per.get((against, engine))
+            if name != arm or ref is None:
                 continue
-            entry = {
-                "arm": arm,
-                "reference": r.reference,
-                "engine": engine,
-                "dataset": dataset,
-                "n": len(common),
-                "seeds": len(by_seed),
-                "reference_seeds": len(ref_seeds),
-            }
-            for k in METRICS:
-                entry[k] = compare(_matrix(by_seed, common, k), _matrix(ref_seeds, common, k), **opts)
-            comparisons.append(entry)
+            for dataset, by_seed in data.items():
+                ref_seeds = ref.get(dataset, {})
+                common = _common(by_seed, ref_seeds)
+                if not ref_seeds or not common:
+                    continue
+                entry = {
+                    "arm": arm,
+                    "reference": against,
+                    "engine": engine,
+                    "dataset": dataset,
+                    "n": len(common),
+                    "seeds": len(by_seed),
+                    "reference_seeds": len(ref_seeds),
+                }
+                for k in METRICS:
+                    entry[k] = compare(_matrix(by_seed, common, k), _matrix(ref_seeds, common, k), **opts)
+                comparisons.append(entry)
     report = {
         "rows": rows,
         "comparisons": comparisons,
@@ -255,15 +258,16 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     used = sorted({row["em_levels"] for row in report["rows"]})
     lines += ["", *[f"- {name}: {LEVELS[name]}" for name in used]]
-    if report["comparisons"]:
+    for against in dict.fromkeys(c["reference"] for c in report["comparisons"]):
+        group = [c for c in report["comparisons"] if c["reference"] == against]
         lines += [
             "",
-            f"### Paired against `{report['comparisons'][0]['reference']}` (same questions; {level}% intervals)",
+            f"### Paired against `{against}` (same questions; {level}% intervals)",
             "",
             "| arm | engine | dataset | n | seeds | EM difference | EM ratio | detectable at 80% power | F1 difference | levels |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for c in sorted(report["comparisons"], key=lambda c: (c["dataset"], c["engine"], c["arm"])):
+        for c in sorted(group, key=lambda c: (c["dataset"], c["engine"], c["arm"])):
             em, f1 = c["em"], c["f1"]
             ratio = (
                 f"{_pct(em['ratio'])}% [{_pct(em['ratio_low'])}, {_pct(em['ratio_high'])}]"
@@ -277,7 +281,7 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f"{em['levels']} |"
             )
         lines += ["", "Sentences:", ""]
-        for c in sorted(report["comparisons"], key=lambda c: (c["dataset"], c["engine"], c["arm"])):
+        for c in sorted(group, key=lambda c: (c["dataset"], c["engine"], c["arm"])):
             s, where = c["em"], f"on {c['dataset']} with {c['engine']}"
             diff = f"{_pts(s['diff'])} EM points [{_pts(s['diff_low'])}, {_pts(s['diff_high'])}]"
             if s["ratio_reliable"]:
