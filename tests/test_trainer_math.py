@@ -92,11 +92,11 @@ def test_sequence_advantages_through_the_trainer(tmp_path, tiny_model_dir, token
     assert out["tool_mask"].tolist() == ENV  # no group has equal rewards: nothing dropped
 
 
-# Step rewards: trajectory 0 searched once (its </search> closes at token 1) and was shown documents holding
-# the gold answer (step reward 0.4), trajectory 1 searched the same way and was shown none (0.0) — under a
-# simulator, the draw of its noise. Both then answered wrong (outcome 0.2: the format reward alone). Group 2:
-# no searches, outcomes 1 and 0.
-STEPS = [[(1, 0.4)], [(1, 0.0)], [], []]
+# Step rewards: trajectory 0 searched once (its </search> closes at token 1, a policy token of ENV[0]) and
+# was shown documents holding the gold answer (step reward 0.4), trajectory 1 searched (closing at token 0)
+# and was shown none (0.0) — under a simulator, the draw of its noise. Both then answered wrong (outcome 0.2:
+# the format reward alone). Group 2: no searches, outcomes 1 and 0.
+STEPS = [[(1, 0.4)], [(0, 0.0)], [], []]
 OUTCOMES = [0.2, 0.2, 1.0, 0.0]
 WHOLE = [o + sum(v for _, v in st) for o, st in zip(OUTCOMES, STEPS, strict=True)]  # what the reward returns
 
@@ -149,7 +149,7 @@ def test_prefix_credit_keeps_a_step_reward_to_the_tokens_of_its_search(
     (search, answer), outcome = PREFIX_EXPECTED[algorithm]
     expected = [
         [search] * 2 + [answer] * 4,
-        [-search] * 2 + [-answer] * 4,
+        [-search] + [-answer] * 5,
         [outcome] * 6,
         [-outcome] * 6,
     ]
@@ -181,6 +181,47 @@ def test_prefix_credit_reinforce_two_searches_and_an_unscorable_row():
     assert got.tolist() == [pytest.approx([1.4, 1.4, 1.1, 1.1, 1.0]), [0.0] * 5]
     with pytest.raises(ValueError, match="ppo and reinforce_pp place"):
         prefix_credited_advantages(rewards, torch.zeros(2), steps, where, 2, 5, "ppo")
+
+
+def test_prefix_credit_judges_each_search_against_the_groups_average_search():
+    """dr_grpo, two searches in one trajectory: the baseline of a step reward is the mean over the group's
+    searches (0.2 here), each search's advantage sits on the tokens up to its own </search>."""
+    from zerosim.training.algorithms import prefix_credited_advantages
+
+    nan = float("nan")
+    got = prefix_credited_advantages(
+        torch.tensor([1.0 + 0.3 + 0.1, 0.0 + 0.2]), torch.tensor([0.4, 0.2]),
+        torch.tensor([[0.3, 0.1], [0.2, nan]]), torch.tensor([[1, 3], [1, -1]]), 2, 5, "dr_grpo",
+    )  # fmt: skip
+    assert got.tolist() == [pytest.approx([0.5, 0.5, 0.4, 0.4, 0.5]), pytest.approx([-0.5] * 5)]
+
+
+def test_prefix_credit_stays_bounded_when_the_whole_rewards_tie():
+    """A group whose whole rewards tie (0.2 + a step of 0.4 against 0.6 without a search) while their parts
+    differ: dividing by the whole rewards' std (0) would give ±2000 on every token; the parts' own spread
+    keeps the outcome's advantage at ∓0.2/√0.08."""
+    from zerosim.training.algorithms import prefix_credited_advantages
+
+    nan = float("nan")
+    got = prefix_credited_advantages(
+        torch.tensor([0.6, 0.6]), torch.tensor([0.4, 0.0]), torch.tensor([[0.4], [nan]]),
+        torch.tensor([[1], [-1]]), 2, 4, "grpo",
+    )  # fmt: skip
+    a = 0.2 / (math.sqrt(0.08) + 1e-4)
+    assert got.tolist() == [pytest.approx([-a] * 4, rel=1e-5), pytest.approx([a] * 4, rel=1e-5)]
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "rloo", "grpo"])
+def test_an_unscorable_trajectorys_searches_are_in_no_baseline(algorithm):
+    from zerosim.training.algorithms import prefix_credited_advantages
+
+    got = prefix_credited_advantages(
+        torch.tensor([1.1, float("nan")]), torch.tensor([0.1, 0.9]), torch.tensor([[0.1], [0.9]]),
+        torch.tensor([[1], [1]]), 2, 3, algorithm,
+    )  # fmt: skip
+    # the one scorable trajectory is its own baseline (rloo: no other scorable one, baseline 0)
+    expected = [1.1, 1.1, 1.0] if algorithm == "rloo" else [0.0] * 3
+    assert got.tolist() == [pytest.approx(expected, abs=1e-6), [0.0] * 3]
 
 
 def test_step_credit_is_sequence_or_prefix(tmp_path, tiny_model_dir, tokenizer):

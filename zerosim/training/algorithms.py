@@ -130,10 +130,14 @@ def prefix_credited_advantages(
 
     — the outcome's advantage on every token, each search's on the tokens up to its ``</search>`` only, so
     an answer is never credited for the documents it was shown. ``b``: the group's mean (grpo, dapo,
-    dr_grpo; for step rewards, the mean over the group's searches), the mean of the *other* trajectories
-    (rloo), 0 (reinforce). ``σ``: the group's std of the whole rewards + EPS (grpo, dapo: what TRL divides
-    by), else 1. Without step rewards this is the algorithm's own advantage on every
-    token.
+    dr_grpo; for step rewards, the mean over the group's searches, as DeepSeekMath's process-supervised
+    GRPO), the mean of the *other* trajectories (rloo), 0 (reinforce); unscorable trajectories count in
+    neither. A search is judged against the group's average search, so — unlike ``sequence``, where a
+    trajectory's step rewards add up — a search whose reward is below that average lowers the advantage of
+    the tokens that led to it. ``σ`` (grpo, dapo): ``√(var(o) + var(r)) + EPS`` over the group's scorable
+    outcomes and their searches' step rewards — TRL's group std when there are no step rewards, one scale
+    for both parts so that their weights keep their ratio, and never smaller than either part's spread;
+    else 1. Without step rewards this is the algorithm's own advantage on every token.
     """
     if algorithm not in PREFIX_CREDIT:
         raise ValueError(
@@ -147,10 +151,10 @@ def prefix_credited_advantages(
     whole = _grouped(rewards.float(), group_size)  # (P, G)
     o = whole - step_totals.float().to(whole.device).view_as(whole)
     r = steps.float().to(whole.device).reshape(B, -1).view(o.shape[0], group_size, -1)  # (P, G, S)
-    has = ~torch.isnan(r)
     scorable = ~torch.isnan(o)
+    has = ~torch.isnan(r) & scorable.unsqueeze(2)  # an unscorable trajectory's searches count nowhere
     o0 = torch.nan_to_num(o, nan=0.0)
-    r0 = torch.nan_to_num(r, nan=0.0)
+    r0 = torch.where(has, r, torch.zeros_like(r))
     if baseline == "mean":
         n = scorable.sum(1, keepdim=True).clamp(min=1)
         b_o = (o0 * scorable).sum(1, keepdim=True) / n
@@ -163,7 +167,11 @@ def prefix_credited_advantages(
     else:
         b_o, b_r = torch.zeros_like(o0), torch.zeros_like(r0)
     if scaled:
-        sigma = _nanstd(whole).unsqueeze(1) + EPS  # (P, 1)
+        # one scale for both parts, so reward.step_gain_weight keeps its weight against the outcome; each
+        # part's spread is in it, so neither part's advantage can outgrow it (a group whose whole rewards tie
+        # while their parts differ would divide by ~0 under the whole rewards' std)
+        spread = _nanvar(torch.where(scorable, o, torch.nan)) + _nanvar(torch.where(has, r, torch.nan).flatten(1))
+        sigma = spread.sqrt().unsqueeze(1) + EPS  # (P, 1)
     else:
         sigma = torch.ones_like(o0[:, :1])
     outcome_adv = ((o0 - b_o) / sigma).masked_fill(~scorable, 0.0).reshape(B)
@@ -177,12 +185,12 @@ def prefix_credited_advantages(
     return out
 
 
-def _nanstd(x: torch.Tensor) -> torch.Tensor:
-    """Per row, the unbiased std of the non-NaN entries (0 with fewer than 2): TRL's ``nanstd``."""
+def _nanvar(x: torch.Tensor) -> torch.Tensor:
+    """Per row, the unbiased variance of the non-NaN entries (0 with fewer than 2), as TRL's ``nanstd``."""
     n = (~torch.isnan(x)).sum(1)
     mean = torch.nanmean(x, dim=1, keepdim=True)
     var = torch.nansum((x - mean) ** 2, dim=1) / (n - 1).clamp(min=1)
-    return torch.where(n > 1, var.sqrt(), torch.zeros_like(var))
+    return torch.where(n > 1, var, torch.zeros_like(var))
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:

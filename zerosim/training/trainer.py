@@ -357,7 +357,8 @@ class SearchTrainer(GRPOTrainer):
         step rewards are gathered, since a group's baseline and scale read the whole group."""
         device = rewards.device
         local, width = output["completion_ids"].shape
-        most = max((len(items) for items in steps), default=0)
+        # at least one column: NCCL's gather cannot reshape a tensor of 0 elements (a batch without a search)
+        most = max(1, max((len(items) for items in steps), default=0))
         values = torch.full((local, most), torch.nan, device=device)
         where = torch.full((local, most), -1, dtype=torch.long, device=device)
         for row, items in enumerate(steps):
