@@ -94,9 +94,13 @@ def test_cli_train_two_steps_logs_metrics_and_checkpoint(
         assert "zerosim.model_uri" not in run.data.tags
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "reinforce", "reinforce_pp", "ppo"])
+@pytest.mark.parametrize(
+    "algorithm, credit",
+    [("rloo", "sequence"), ("reinforce", "sequence"), ("reinforce_pp", "sequence"), ("ppo", "sequence"),
+     ("grpo", "prefix")],
+)  # fmt: skip
 def test_cli_each_algorithm_runs_two_steps(
-    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, algorithm
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, algorithm, credit
 ):
     import mlflow
 
@@ -109,7 +113,7 @@ def test_cli_each_algorithm_runs_two_steps(
         "trainer.num_generations=2", "trainer.learning_rate=1e-3", "rollout.max_new_tokens=8", "rollout.max_turns=2",
         f"tracking.tracking_uri={mlflow_db}", "tracking.experiment=algo", "warmstart.enabled=false",
         "curriculum.schedule=constant", "curriculum.p_end=0.5", "curriculum.granularity=document",
-        "reward.step_gain_weight=0.5", "reward.step_redundancy_weight=0.1",
+        "reward.step_gain_weight=0.5", "reward.step_redundancy_weight=0.1", f"reward.step_credit={credit}",
     ]  # fmt: skip
     zerosim_cli(*cmd)
     mlflow.set_tracking_uri(mlflow_db)

@@ -345,7 +345,7 @@ class SearchTrainer(GRPOTrainer):
             self._add_time("critic", time.perf_counter() - started)
         if self.dynamic_sampling:
             self._drop_uniform_groups(output, rewards, start)
-        if self.algorithm not in ("grpo", "dr_grpo", "dapo"):
+        if self.algorithm not in ("grpo", "dr_grpo", "dapo") or self.step_credit == "prefix":
             self._metrics[mode]["algorithm/advantage_abs_mean"].append(
                 output["advantages"].abs().mean().item()
             )
