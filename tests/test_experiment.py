@@ -140,7 +140,9 @@ def test_report_pairs_compare_two_arms_besides_the_reference(tmp_path, mlflow_db
     cfg.report.pairs = ["a:b"]
     cfg.report.resamples = 200
     mlflow.set_tracking_uri(mlflow_db)
-    with mlflow.start_run():
+    # an experiment of this store: the one an earlier test made active lives in another store
+    experiment = mlflow.set_experiment("report-pairs")
+    with mlflow.start_run(experiment_id=experiment.experiment_id):
         write_report(cfg, evals, {}, EvalConfig(), tmp_path)
     report = json.loads((tmp_path / "report.json").read_text())
     pairs = [(c["arm"], c["reference"]) for c in report["comparisons"]]
