@@ -117,6 +117,10 @@ class ReportConfig:
     # seeds the bootstrap
     seed: int = ranged(0, ">=0")
 
+    def pair_names(self) -> list[tuple[str, ...]]:
+        """``pairs`` as ``(ARM, AGAINST)`` tuples (:func:`load_experiment` checks each has two enabled arms)."""
+        return [tuple(pair.split(":")) for pair in self.pairs]
+
 
 @dataclass
 class ExperimentConfig:
@@ -190,8 +194,7 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
             f"report.reference={cfg.report.reference!r} is not an enabled arm ({', '.join(arms)}): "
             "name one of them, e.g. report.reference=real"
         )
-    for pair in cfg.report.pairs:
-        named = pair.split(":")
+    for pair, named in zip(cfg.report.pairs, cfg.report.pair_names(), strict=True):
         if len(named) != 2 or named[0] == named[1] or any(n not in arms for n in named):
             raise ConfigError(
                 f"report.pairs entry {pair!r} must be ARM:AGAINST, two different enabled arms "

@@ -176,7 +176,7 @@ def write_report(
                 row.update(interval_fields(k, mean_interval(_matrix(by_seed, questions, k), **opts)))
             rows.append(row)
     pairs = [(arm, r.reference) for arm, _ in per if arm != r.reference]
-    pairs += [tuple(p.split(":")) for p in r.pairs]
+    pairs += r.pair_names()
     comparisons = []
     for arm, against in dict.fromkeys(pairs):  # each pair once, in order: the reference's first
         for (name, engine), data in per.items():

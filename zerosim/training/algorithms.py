@@ -175,7 +175,7 @@ def prefix_credited_advantages(
     else:
         sigma = torch.ones_like(o0[:, :1])
     outcome_adv = ((o0 - b_o) / sigma).masked_fill(~scorable, 0.0).reshape(B)
-    step_adv = ((r0 - b_r) / sigma.unsqueeze(2)).masked_fill(~has | ~scorable.unsqueeze(2), 0.0).reshape(B, -1)
+    step_adv = ((r0 - b_r) / sigma.unsqueeze(2)).masked_fill(~has, 0.0).reshape(B, -1)
     out = outcome_adv.unsqueeze(1).expand(B, width).clone()
     t = torch.arange(width, device=out.device)
     pos = positions.reshape(B, -1).to(out.device)
