@@ -144,3 +144,66 @@ def test_value_loss_clipping_and_mask():
     assert masked_mean(t(1.0, 3.0), torch.tensor([0, 1])).item() == 3.0
     w = whiten(t(1.0, 3.0, 100.0).unsqueeze(0), torch.tensor([[1, 1, 0]]))
     assert w.tolist()[0] == pytest.approx([-1.0, 1.0, 0.0], abs=1e-3)
+
+
+# -- the algorithm table -----------------------------------------------------------------------------------------
+
+
+def test_every_algorithm_has_one_table_entry():
+    """A new ``trainer.algorithm`` member without its ALGORITHMS entry (or an entry without a member) fails here."""
+    from zerosim.training.algorithms import ALGORITHMS
+    from zerosim.training.config import Algorithm
+
+    assert set(ALGORITHMS) == set(Algorithm)
+
+
+def test_each_entry_is_complete():
+    """An entry names how its advantages are made: a sequence estimator names its function; TRL's estimator needs
+    TRL's reward scaling; dynamic sampling on by default only where it is allowed."""
+    from zerosim.training.algorithms import ALGORITHMS, Estimator
+
+    for name, spec in ALGORITHMS.items():
+        assert (spec.advantages is not None) == (spec.estimator == Estimator.sequence), name
+        assert (spec.scale_rewards is not None) == (spec.estimator == Estimator.trl), name
+        assert spec.allows_dynamic_sampling or not spec.dynamic_sampling, name
+        assert spec.loss_type in ("grpo", "dr_grpo", "dapo", "bnpo"), name
+
+
+def test_the_table_says_what_the_names_meant():
+    """The table holds what the eight scattered places held before it (critic: ppo; dynamic sampling: dapo, rloo;
+    prefix credit: the sequence-level ones; TRL's advantages: grpo, dr_grpo, dapo)."""
+    from zerosim.training.algorithms import ALGORITHMS, DYNAMIC_SAMPLING
+
+    assert [n for n, s in ALGORITHMS.items() if s.needs_critic] == ["ppo"]
+    assert DYNAMIC_SAMPLING == ("dapo", "rloo")
+    assert {n: s.prefix_credit for n, s in ALGORITHMS.items() if s.prefix_credit} == {
+        "grpo": ("mean", True),
+        "dapo": ("mean", True),
+        "dr_grpo": ("mean", False),
+        "rloo": ("others", False),
+        "reinforce": ("none", False),
+    }
+    assert [n for n, s in ALGORITHMS.items() if not s.own_advantages] == ["grpo", "dr_grpo", "dapo"]
+    assert [n for n, s in ALGORITHMS.items() if s.kl_in_reward] == ["reinforce_pp"]
+
+
+def test_no_algorithm_name_is_branched_on_outside_the_table():
+    """``if algorithm == "ppo"`` and its kin live nowhere but algorithms.py: the trainer, recipe, config check and dry
+    run read the spec."""
+    import re
+    from pathlib import Path
+
+    import zerosim
+    from zerosim.training.config import Algorithm
+
+    names = "|".join(a.value for a in Algorithm)
+    quoted = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["'](?:{names})["']|Algorithm\.(?:{names})\b""")
+    package = Path(zerosim.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{i}: {line.strip()}"
+        for path in package.rglob("*.py")
+        if path.name != "algorithms.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if quoted.search(line) and "Algorithm.grpo" not in line  # the config's default value
+    ]
+    assert not found, "\n".join(found)

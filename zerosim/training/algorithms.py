@@ -1,4 +1,4 @@
-"""The RL algorithms: what each ``trainer.algorithm`` name means in TRL's terms (:data:`ALGORITHMS`), and the
+"""The RL algorithms: what each ``trainer.algorithm`` name means (:data:`ALGORITHMS`, one entry each), and the
 advantage estimators and losses that are not TRL's, one short function each, formula in the docstring.
 
 Nothing here imports TRL, so the dry run reads the table without loading it.
@@ -10,48 +10,118 @@ trajectories) get advantage 0.
 
 GRPO, Dr. GRPO and DAPO advantages are TRL's (group mean; / group std for grpo and dapo, not for Dr. GRPO);
 the others, and DAPO's dynamic-sampling test (:func:`uniform_groups`), are here.
+
+A new algorithm is an :class:`~zerosim.training.config.Algorithm` member and its :data:`ALGORITHMS` entry (and,
+if TRL lacks its estimator, the function here that the entry names).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import torch
 
+from zerosim.training.config import Algorithm
+
 EPS = 1e-4
 
 
+class Estimator(StrEnum):
+    """Who computes an algorithm's advantages, and how."""
+
+    trl = "trl"  # TRL's group-relative advantages (group mean; / group std when scale_rewards="group")
+    sequence = "sequence"  # one advantage per trajectory from its group's rewards (AlgorithmSpec.advantages)
+    returns = (
+        "returns"  # per-token returns-to-go with the KL to the reference as a token reward (REINFORCE++)
+    )
+    gae = "gae"  # per-token GAE over a critic's values (PPO)
+
+
 @dataclass(frozen=True)
-class Algorithm:
-    """What an algorithm name means in TRL's terms, beyond its advantage estimator."""
+class AlgorithmSpec:
+    """Everything an algorithm name means: the TRL settings that make it what its paper says, who computes its
+    advantages, what else it needs, and what it allows. :class:`~zerosim.training.trainer.SearchTrainer`, the
+    recipe, the config check and the dry run read it; no other code branches on an algorithm's name."""
 
     loss_type: str  # TRL's aggregation of the per-token surrogate
+    estimator: Estimator = Estimator.trl
     scale_rewards: str | None = None  # TRL's advantages: "group" (/ group std), "none"; None: ours instead
     epsilon_high: float | None = None  # default upper clip range (None: trainer.epsilon, symmetric clipping)
     dynamic_sampling: bool = False  # default: drop groups whose rewards are all equal from the loss
+    # may drop equal-reward groups at all: needs a group baseline (such a group then has advantage 0 everywhere)
+    # and a token-level mean (zeroed rows then leave the denominator too)
+    allows_dynamic_sampling: bool = False
     kl_in_reward: bool = False  # the KL to the reference is a token reward, not a loss term
+    # reward.step_credit=prefix: the (baseline, scaled) of its step-credited advantages
+    # (:func:`prefix_credited_advantages`); None: each step reward sits on its </search> token already
+    prefix_credit: tuple[str, bool] | None = None
+    # Estimator.sequence: (rewards (B,), group size) -> (B,) advantages
+    advantages: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+
+    @property
+    def needs_critic(self) -> bool:
+        """A value model is trained beside the policy (``trainer.critic_*``)."""
+        return self.estimator == Estimator.gae
+
+    @property
+    def own_advantages(self) -> bool:
+        """Its advantages are ours, not TRL's (logged as ``algorithm/advantage_abs_mean``)."""
+        return self.estimator != Estimator.trl
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", scale_rewards="group"),
-    "dr_grpo": Algorithm("dr_grpo", scale_rewards="none"),  # Dr. GRPO: no std division, constant normaliser
-    "dapo": Algorithm("dapo", scale_rewards="group", epsilon_high=0.28, dynamic_sampling=True),
-    "rloo": Algorithm("dapo"),  # token-level mean over the batch: each token of a long answer counts once
-    "reinforce": Algorithm("dapo"),
-    "reinforce_pp": Algorithm("dapo", kl_in_reward=True),
-    "ppo": Algorithm("dapo"),
+def _rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    return rloo_advantages(rewards, group_size)
+
+
+def _reinforce(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    return reinforce_advantages(rewards)
+
+
+# The one table: an entry per ``trainer.algorithm`` (tests/test_algorithms.py checks it covers the enum).
+# rloo, reinforce, reinforce_pp and ppo take the token-level mean over the batch ("dapo"): each token of a long
+# answer counts once.
+ALGORITHMS: dict[Algorithm, AlgorithmSpec] = {
+    Algorithm.grpo: AlgorithmSpec("grpo", scale_rewards="group", prefix_credit=("mean", True)),
+    # Dr. GRPO: no std division, constant normaliser
+    Algorithm.dr_grpo: AlgorithmSpec("dr_grpo", scale_rewards="none", prefix_credit=("mean", False)),
+    Algorithm.dapo: AlgorithmSpec(
+        "dapo",
+        scale_rewards="group",
+        epsilon_high=0.28,
+        dynamic_sampling=True,
+        allows_dynamic_sampling=True,
+        prefix_credit=("mean", True),
+    ),
+    Algorithm.rloo: AlgorithmSpec(
+        "dapo",
+        Estimator.sequence,
+        allows_dynamic_sampling=True,
+        prefix_credit=("others", False),
+        advantages=_rloo,
+    ),
+    Algorithm.reinforce: AlgorithmSpec(
+        "dapo", Estimator.sequence, prefix_credit=("none", False), advantages=_reinforce
+    ),
+    Algorithm.reinforce_pp: AlgorithmSpec("dapo", Estimator.returns, kl_in_reward=True),
+    Algorithm.ppo: AlgorithmSpec("dapo", Estimator.gae),
 }
-# Dynamic sampling needs a group baseline (a group of equal rewards then has advantage 0 everywhere) and a
-# token-level mean (zeroed rows then leave the denominator too).
-DYNAMIC_SAMPLING = ("dapo", "rloo")
+# Dynamic sampling needs a group baseline and a token-level mean: the algorithms that allow it.
+DYNAMIC_SAMPLING = tuple(name.value for name, spec in ALGORITHMS.items() if spec.allows_dynamic_sampling)
+
+
+def spec_of(algorithm: str) -> AlgorithmSpec:
+    """The :class:`AlgorithmSpec` of ``algorithm`` (a name or an :class:`Algorithm`); an unknown one is refused."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[Algorithm(algorithm)]
 
 
 def algorithm_args(algorithm: str, epsilon_high: float | None = None) -> dict[str, Any]:
     """The ``GRPOConfig`` fields that define ``algorithm`` (``epsilon_high``: an explicit upper clip range)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
-    spec = ALGORITHMS[algorithm]
+    spec = spec_of(algorithm)
     fields: dict[str, Any] = {"loss_type": spec.loss_type}
     if spec.scale_rewards is not None:
         fields["scale_rewards"] = spec.scale_rewards
@@ -97,17 +167,6 @@ def reinforce_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(rewards.clone(), nan=0.0)
 
 
-# The sequence-level algorithms whose step rewards ``reward.step_credit=prefix`` can keep to their searches'
-# tokens, and the baseline and scale each one's advantage takes (grpo/dapo: TRL's group mean and std).
-PREFIX_CREDIT: dict[str, tuple[str, bool]] = {
-    "grpo": ("mean", True),
-    "dapo": ("mean", True),
-    "dr_grpo": ("mean", False),
-    "rloo": ("others", False),
-    "reinforce": ("none", False),
-}
-
-
 def prefix_credited_advantages(
     rewards: torch.Tensor,
     step_totals: torch.Tensor,
@@ -124,7 +183,7 @@ def prefix_credited_advantages(
     of its step rewards in it, so its outcome is ``o_i = rewards_i - step_totals_i``; ``steps`` ``(B, S)``:
     its searches' step rewards (NaN: no such search, or one whose ``</search>`` was cut off); ``positions``
     ``(B, S)``: the completion index of each search's closing ``</search>`` token. With ``b`` the algorithm's baseline and ``σ`` its
-    scale (:data:`PREFIX_CREDIT`), token ``t`` of trajectory ``i`` gets
+    scale (its :attr:`AlgorithmSpec.prefix_credit`), token ``t`` of trajectory ``i`` gets
 
         ``A_i(t) = (o_i - b(o))/σ + Σ_{s: pos_{i,s} ≥ t} (r_{i,s} - b(r))/σ``
 
@@ -139,12 +198,14 @@ def prefix_credited_advantages(
     for both parts so that their weights keep their ratio, and never smaller than either part's spread;
     else 1. Without step rewards this is the algorithm's own advantage on every token.
     """
-    if algorithm not in PREFIX_CREDIT:
+    credit = spec_of(algorithm).prefix_credit
+    if credit is None:
+        takes = ", ".join(name for name, spec in ALGORITHMS.items() if spec.prefix_credit is not None)
         raise ValueError(
-            f"step rewards credited to their searches' tokens are built for {', '.join(PREFIX_CREDIT)}, not "
+            f"step rewards credited to their searches' tokens are built for {takes}, not "
             f"{algorithm!r} (ppo and reinforce_pp place each on its </search> token already)"
         )
-    baseline, scaled = PREFIX_CREDIT[algorithm]
+    baseline, scaled = credit
     if baseline == "others" and group_size < 2:
         raise ValueError("RLOO needs at least 2 trajectories per prompt (trainer.num_generations >= 2)")
     B = rewards.numel()
@@ -170,7 +231,9 @@ def prefix_credited_advantages(
         # one scale for both parts, so reward.step_gain_weight keeps its weight against the outcome; each
         # part's spread is in it, so neither part's advantage can outgrow it (a group whose whole rewards tie
         # while their parts differ would divide by ~0 under the whole rewards' std)
-        spread = _nanvar(torch.where(scorable, o, torch.nan)) + _nanvar(torch.where(has, r, torch.nan).flatten(1))
+        spread = _nanvar(torch.where(scorable, o, torch.nan)) + _nanvar(
+            torch.where(has, r, torch.nan).flatten(1)
+        )
         sigma = spread.sqrt().unsqueeze(1) + EPS  # (P, 1)
     else:
         sigma = torch.ones_like(o0[:, :1])
@@ -266,9 +329,3 @@ def value_loss(
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     loss = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
     return 0.5 * masked_mean(loss, mask)
-
-
-ADVANTAGES = {
-    "rloo": lambda rewards, group_size: rloo_advantages(rewards, group_size),
-    "reinforce": lambda rewards, group_size: reinforce_advantages(rewards),
-}

@@ -165,9 +165,12 @@ class TrainerConfig:
                 f"{prefix}num_generations ({self.num_generations}): each prompt's group is rolled out together; "
                 f"set e.g. {prefix}per_device_train_batch_size={fit}"
             )
-        if self.dynamic_sampling and self.algorithm not in (Algorithm.dapo, Algorithm.rloo):
+        from zerosim.training.algorithms import DYNAMIC_SAMPLING, spec_of
+
+        if self.dynamic_sampling and not spec_of(self.algorithm).allows_dynamic_sampling:
             raise ConfigError(
-                f"{prefix}dynamic_sampling=true needs a group baseline and a token-level loss (dapo, rloo), not "
+                f"{prefix}dynamic_sampling=true needs a group baseline and a token-level loss "
+                f"({', '.join(DYNAMIC_SAMPLING)}), not "
                 f"{prefix}algorithm={self.algorithm}: set {prefix}dynamic_sampling=false or "
                 f"{prefix}algorithm=dapo"
             )

@@ -167,9 +167,9 @@ def plan(
     run = f"{cfg.run.name} -> {output_dir}"
     if checkpoint is not None:
         run += f", resumes {checkpoint.name} of MLflow run {run_id}"
-    from zerosim.training.algorithms import ALGORITHMS
+    from zerosim.training.algorithms import spec_of
 
-    spec = ALGORITHMS[t.algorithm]
+    spec = spec_of(t.algorithm)
     epsilon_high = next(e for e in (t.epsilon_high, spec.epsilon_high, t.epsilon) if e is not None)
     dynamic = t.dynamic_sampling if t.dynamic_sampling is not None else spec.dynamic_sampling
     rows = [
@@ -179,7 +179,7 @@ def plan(
         ("data", _data(cfg.data.train, cfg.data.split, "data.train", cfg.data.max_examples)),
         *preflight(cfg.search, total_steps=t.max_steps),  # what the build checks first, and its rows
         ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip [{t.epsilon:g}, {epsilon_high:g}]" + (", equal-reward groups dropped" if dynamic else "")),
-        ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if t.algorithm == "ppo" else "none"),
+        ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if spec.needs_critic else "none"),
         ("processes", f"{processes}, {_threads(cfg)}"),
         ("per step", f"{trajectories} trajectories = {trajectories // t.num_generations} prompts x {t.num_generations} rollouts"),
         ("steps", f"{t.max_steps} ({t.max_steps * trajectories // t.num_generations} prompts in all)"),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 import sys
-from contextlib import ExitStack, nullcontext
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from zerosim.core.tracking import (
     trainer_mlflow_callback,
 )
 from zerosim.engines import build_search_engine, curriculum_adds_noise
-from zerosim.training.algorithms import algorithm_args
+from zerosim.training.algorithms import algorithm_args, spec_of
 from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
     RUN_FILE,
     STATE_FILE,
@@ -360,32 +361,29 @@ def train(cfg: TrainConfig) -> TrainResult:
         return _train(cfg, resources)
 
 
+@dataclass
+class _Job:
+    """What the steps of :func:`_train` hand each other."""
+
+    cfg: TrainConfig
+    procs: Any  # accelerate's PartialState: one of several ranks under `accelerate launch`
+    output_dir: Path
+    checkpoint_in: Path | None  # the checkpoint a resumed run continues from
+    run_id: str | None  # its MLflow run (the resumed one's, then this run's)
+    policy_model: str = ""  # what the policy starts from: policy.model, or the warm start's checkpoint
+
+    @property
+    def main(self) -> bool:
+        return self.procs.is_main_process
+
+
 def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
-    require_vllm(cfg)
-    from zerosim.core.runtime import apply_threads
-
-    apply_threads(cfg.runtime.threads)  # this process's share of the cores, before any work
-    procs = process_state()  # under `accelerate launch`: one of several ranks
-    main = procs.is_main_process
-    seed_everything(cfg.run.seed)
-    output_dir = Path(cfg.run.output_dir) / cfg.run.name
-    check_output_folder(output_dir, "run.output_dir")
-    # which run this job continues, if any: checked (run id, config) before any weight loads
-    checkpoint_in, run_id = resume_point(cfg, output_dir)
-    from zerosim.training.dry_run import plan
-
-    # what --dry-run checks, before any weight loads: data files, paths, URLs
-    plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
-    if main:  # once the checks passed: what the times printed after are measured on
-        print(machine_line(cfg), file=sys.stderr, flush=True)
-
+    """The job's steps, in order: every check before any weight loads, then the search engine (a damaged index
+    or a server that is down stops the job before the policy loads), the policy, the rollout, the trainer under
+    one MLflow run, training, and what it leaves behind."""
+    job = _checked_job(cfg)
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)
-    # the engine before the policy (and a warm start): a damaged index, a server that is down or cannot
-    # honour the curriculum's noise stops the job before any policy weight loads
     engine = closing(
         resources,
         build_search_engine(
@@ -396,19 +394,79 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
             total_steps=cfg.trainer.max_steps,  # engine=mixed: the real share's schedule length by default
         ),
     )
-    policy_model = cfg.policy.model
-    if cfg.warmstart.enabled:
-        if procs.num_processes > 1 and not _reusable_warmstart(cfg, output_dir):
-            raise ConfigError(
-                "warmstart.enabled with several processes: run the warm start once first "
-                "(`zerosim policy warmstart --config RECIPE`, one process), then launch training — it reuses "
-                f"{output_dir / 'warmstart' / 'final'}"
-            )
-        policy_model = str(warmstart_checkpoint(cfg, output_dir))
-    tokenizer = load_tokenizer(policy_model)
-    policy = load_causal_lm(policy_model, cfg.policy.dtype, trained=True)  # fp32 master weights
+    job.policy_model = _policy_source(job)
+    tokenizer = load_tokenizer(job.policy_model)
+    policy = load_causal_lm(job.policy_model, cfg.policy.dtype, trained=True)  # fp32 master weights
+    schedule = curriculum_schedule(cfg.curriculum, cfg.trainer.max_steps)
+    rollout = _rollout(cfg, tokenizer, engine, examples, schedule)
+    with _mlflow_run(job):
+        guard = CollapseGuard(cfg.trainer.collapse_patience)
+        validation = None
+        if cfg.validation.every:
+            validation = build_validation(cfg, questions, engine, tokenizer, resources)
+        trainer, state_callback = _trainer(
+            job, policy, tokenizer, dataset, rollout, schedule, guard, validation, resources
+        )
+        _fit(job, trainer, state_callback)
+        _after_training(job, trainer, rollout, guard, validation)
+        checkpoint = _save_final(job, trainer, tokenizer, validation)
+        if job.main:  # last: its presence says the job trained to its end (an experiment's launcher reads it)
+            import json
+
+            done = {"run_id": job.run_id, "steps": trainer.state.global_step, "final": checkpoint is not None}
+            atomic_write_text(job.output_dir / RESULT_FILE, json.dumps(done))
+        return TrainResult(
+            run_id=job.run_id,
+            checkpoint=checkpoint,
+            steps=trainer.state.global_step,
+            validation=list(validation.history) if validation is not None else [],
+        )
+
+
+def _checked_job(cfg: TrainConfig) -> _Job:
+    """The process set up (threads, seeds) and everything checked that can be without loading a weight: vLLM,
+    the output folder, the run a resume continues (its id and config), and what ``--dry-run`` checks (data
+    files, paths, URLs). Then the machine line, which the times printed after are measured on."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
+    require_vllm(cfg)
+    from zerosim.core.runtime import apply_threads
+
+    apply_threads(cfg.runtime.threads)  # this process's share of the cores, before any work
+    procs = process_state()  # under `accelerate launch`: one of several ranks
+    seed_everything(cfg.run.seed)
+    output_dir = Path(cfg.run.output_dir) / cfg.run.name
+    check_output_folder(output_dir, "run.output_dir")
+    # which run this job continues, if any: checked (run id, config) before any weight loads
+    checkpoint_in, run_id = resume_point(cfg, output_dir)
+    from zerosim.training.dry_run import plan
+
+    plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
+    if procs.is_main_process:
+        print(machine_line(cfg), file=sys.stderr, flush=True)
+    return _Job(cfg, procs, output_dir, checkpoint_in, run_id)
+
+
+def _policy_source(job: _Job) -> str:
+    """What the policy starts from: ``policy.model``, or the warm start's checkpoint (trained here when absent,
+    with one process only: several would each train one)."""
+    cfg = job.cfg
+    if not cfg.warmstart.enabled:
+        return cfg.policy.model
+    if job.procs.num_processes > 1 and not _reusable_warmstart(cfg, job.output_dir):
+        raise ConfigError(
+            "warmstart.enabled with several processes: run the warm start once first "
+            "(`zerosim policy warmstart --config RECIPE`, one process), then launch training — it reuses "
+            f"{job.output_dir / 'warmstart' / 'final'}"
+        )
+    return str(warmstart_checkpoint(cfg, job.output_dir))
+
+
+def _rollout(cfg: TrainConfig, tokenizer, engine, examples, schedule) -> TRLRollout:
+    """The multi-turn search rollout (the curriculum's noise draws, ``search.engine=mixed``'s source draws, the
+    step rewards) as TRL's ``rollout_func``: its metrics go to the trainer's metric hook (bound later)."""
     c = cfg.curriculum
-    schedule = curriculum_schedule(c, cfg.trainer.max_steps)
     mixed = find_mixed(engine)  # search.engine=mixed: the rollout draws each search's source
     loop = SearchRollout(
         tokenizer,
@@ -424,161 +482,172 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
         },
         step_rewards=step_weights(cfg),
     )
-    # TRL's rollout_func over the loop: its metrics go to the trainer's metric hook (bound below)
-    rollout = TRLRollout(
+    return TRLRollout(
         loop, num_samples=cfg.tracking.num_sample_trajectories, sample_every=cfg.tracking.sample_every
     )
 
+
+@contextmanager
+def _mlflow_run(job: _Job) -> Iterator[None]:
+    """One MLflow run per job, owned by the main process (TRL's callback logs from it only): a new one logs the
+    config and writes the run file; a resumed one is tagged with where it resumed and what changed. Every rank
+    leaves with ``job.run_id`` set."""
+    cfg, main = job.cfg, job.main
     tags = {
         "zerosim.job": "train",
-        "zerosim.policy_init": policy_model,
-        "zerosim.processes": str(procs.num_processes),
+        "zerosim.policy_init": job.policy_model,
+        "zerosim.processes": str(job.procs.num_processes),
         "zerosim.threads": str(torch.get_num_threads()),  # what this process computes with (runtime.threads)
     }
-    # one MLflow run per job: the main process owns it (TRL's callback logs from the main process only)
-    tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=run_id) if main else nullcontext()
+    tracking = mlflow_run(cfg.tracking, cfg.run.name, tags=tags, run_id=job.run_id) if main else nullcontext()
     with tracking as run:
-        run_id = broadcast_object(run.info.run_id if main else None, procs)
-        if main and checkpoint_in is None:
+        job.run_id = broadcast_object(run.info.run_id if main else None, job.procs)
+        if main and job.checkpoint_in is None:
             import json
 
             log_config(cfg)
-            atomic_write_text(output_dir / RUN_FILE, json.dumps({"run_id": run.info.run_id}))
+            atomic_write_text(job.output_dir / RUN_FILE, json.dumps({"run_id": run.info.run_id}))
         elif main:
             import mlflow
 
-            mlflow.set_tag("zerosim.resumed_from", str(checkpoint_in.resolve()))
-            discard_after(checkpoint_in)  # the killed attempt's later, incomplete saves
-            changed = resumed_changes(cfg, mlflow.get_run(run_id).data.params)
+            mlflow.set_tag("zerosim.resumed_from", str(job.checkpoint_in.resolve()))
+            discard_after(job.checkpoint_in)  # the killed attempt's later, incomplete saves
+            changed = resumed_changes(cfg, mlflow.get_run(job.run_id).data.params)
             if changed:  # the params keep the first values (MLflow never changes one)
                 mlflow.set_tag("zerosim.resumed_with", " ".join(f"{k}={v}" for k, v in changed.items()))
-        t = cfg.trainer
-        guard = CollapseGuard(t.collapse_patience)
-        validation = None
-        if cfg.validation.every:
-            validation = build_validation(cfg, questions, engine, tokenizer, resources)
-        state_callback = ZerosimState(
-            schedule,
-            run_id=run_id,
-            config=bound_config(cfg),
-            keep=t.save_total_limit,
-            rollout=rollout,
-            validation=validation,
-            guard=guard,
-        )
-        # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
-        callbacks = [state_callback, guard, trainer_mlflow_callback(), StopOnSigterm()]
-        if validation is not None:
-            callbacks.append(validation)
-        critic = None
-        if t.algorithm == "ppo":
-            critic = Critic.from_pretrained(t.critic_model or policy_model, cfg.policy.dtype)
-        trainer = SearchTrainer(
-            algorithm=t.algorithm,
-            critic=critic,
-            critic_learning_rate=t.critic_learning_rate,
-            gamma=t.gamma,
-            lam=t.lam,
-            value_clip=t.value_clip,
-            critic_epochs=t.critic_epochs,
-            critic_micro_batch=t.per_device_train_batch_size,
-            # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
-            update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
-            dynamic_sampling=t.dynamic_sampling,
-            step_credit=str(cfg.reward.step_credit),
-            model=policy,
-            reward_funcs=[
-                instrumented(
-                    schedule,
-                    make_reward_func(
-                        cfg.reward.metric,
-                        cfg.reward.format_weight,
-                        step_rewards=step_weights(cfg) is not None,
-                        weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
-                        # reward.metric=judge: its server checked here
-                        judge=closing(resources, build_judge(cfg.reward)),
-                    ),
-                    procs,
-                )
-            ],
-            args=grpo_args(cfg, output_dir),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            rollout_func=rollout,
-            callbacks=callbacks,
-        )
-        # the callbacks and the rollout exist before the trainer; each that needs it gets it here, before
-        # training starts
-        state_callback.bind(trainer)
-        rollout.bind(trainer)
-        if validation is not None:
-            validation.bind(trainer)
-        if checkpoint_in is not None:
-            state_callback.load(checkpoint_in)
-        full = named_disk_full(
-            output_dir,
-            "saving a checkpoint",
-            "free space there (or point run.output_dir at another disk and move the run folder), then run again "
-            "with resume=true: it continues from the last complete checkpoint",
-        )
-        # a SIGTERM finishes the step, saves a checkpoint, then stops (zerosim.core.signals)
-        with graceful(), full:
-            trainer.train(resume_from_checkpoint=str(checkpoint_in) if checkpoint_in is not None else None)
-            if stop_requested():
-                raise Terminated(
-                    f"stopped by SIGTERM after step {trainer.state.global_step}, checkpoint saved in "
-                    f"{output_dir}: run again with run.resume=true to continue"
-                )
-        if guard.collapsed_at is not None and main:
-            import logging
+        yield
 
-            import mlflow
 
-            mlflow.set_tag("zerosim.collapsed_at_step", str(guard.collapsed_at))
-            logging.getLogger(__name__).warning(
-                "stopped at step %d: every trajectory scored 0 for %d steps in a row (no learning signal). "
-                "Lower trainer.learning_rate, add trainer.beta, or resume from an earlier checkpoint.",
-                guard.collapsed_at,
-                t.collapse_patience,
+def _reward_funcs(cfg: TrainConfig, schedule, procs, resources: ExitStack) -> list:
+    """The one reward function TRL calls: ``reward.*`` (the judge's server checked here), timed, feeding an
+    adaptive curriculum."""
+    reward = make_reward_func(
+        cfg.reward.metric,
+        cfg.reward.format_weight,
+        step_rewards=step_weights(cfg) is not None,
+        weights=dict(cfg.reward.weights) if cfg.reward.weights else None,
+        judge=closing(resources, build_judge(cfg.reward)),  # reward.metric=judge: its server checked here
+    )
+    return [instrumented(schedule, reward, procs)]
+
+
+def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, validation, resources):
+    """The :class:`SearchTrainer` with its callbacks (checkpoint state, collapse guard, MLflow, SIGTERM,
+    validation), the critic its algorithm may need, and everything bound to it; a resumed run's state loaded.
+    Returns the trainer and its state callback."""
+    cfg, t = job.cfg, job.cfg.trainer
+    state_callback = ZerosimState(
+        schedule,
+        run_id=job.run_id,
+        config=bound_config(cfg),
+        keep=t.save_total_limit,
+        rollout=rollout,
+        validation=validation,
+        guard=guard,
+    )
+    # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
+    callbacks = [state_callback, guard, trainer_mlflow_callback(), StopOnSigterm()]
+    if validation is not None:
+        callbacks.append(validation)
+    critic = None
+    if spec_of(t.algorithm).needs_critic:
+        critic = Critic.from_pretrained(t.critic_model or job.policy_model, cfg.policy.dtype)
+    trainer = SearchTrainer(
+        algorithm=t.algorithm,
+        critic=critic,
+        critic_learning_rate=t.critic_learning_rate,
+        gamma=t.gamma,
+        lam=t.lam,
+        value_clip=t.value_clip,
+        critic_epochs=t.critic_epochs,
+        critic_micro_batch=t.per_device_train_batch_size,
+        # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
+        update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
+        dynamic_sampling=t.dynamic_sampling,
+        step_credit=str(cfg.reward.step_credit),
+        model=policy,
+        reward_funcs=_reward_funcs(cfg, schedule, job.procs, resources),
+        args=grpo_args(cfg, job.output_dir),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        callbacks=callbacks,
+    )
+    # the callbacks and the rollout exist before the trainer; each that needs it gets it here, before training
+    state_callback.bind(trainer)
+    rollout.bind(trainer)
+    if validation is not None:
+        validation.bind(trainer)
+    if job.checkpoint_in is not None:
+        state_callback.load(job.checkpoint_in)
+    return trainer, state_callback
+
+
+def _fit(job: _Job, trainer: SearchTrainer, state_callback: ZerosimState) -> None:
+    """``trainer.train()``, resumed where the job continues one. A full disk is named in one line; a SIGTERM
+    finishes the step, saves a checkpoint, then stops (:mod:`zerosim.core.signals`) and raises ``Terminated``."""
+    full = named_disk_full(
+        job.output_dir,
+        "saving a checkpoint",
+        "free space there (or point run.output_dir at another disk and move the run folder), then run again "
+        "with resume=true: it continues from the last complete checkpoint",
+    )
+    resume = str(job.checkpoint_in) if job.checkpoint_in is not None else None
+    with graceful(), full:
+        trainer.train(resume_from_checkpoint=resume)
+        if stop_requested():
+            raise Terminated(
+                f"stopped by SIGTERM after step {trainer.state.global_step}, checkpoint saved in "
+                f"{job.output_dir}: run again with run.resume=true to continue"
             )
-        if main:
-            log_jsonl(rollout.samples, "samples/trajectories.jsonl")
-            log_training_curves(trainer.state.log_history)
-            if validation is not None and validation.history:
-                from zerosim.training.validation import PLOTTED as VALIDATION_PLOTTED
 
-                log_training_curves(validation.history, "plots/validation.png", VALIDATION_PLOTTED)
-                log_jsonl(validation.last_rows, "samples/validation.jsonl")
-        checkpoint = None
-        if cfg.trainer.save_final:
-            checkpoint = output_dir / "final"
-            with shared_atomic_directory(checkpoint, procs) as tmp:
-                trainer.save_model(
-                    str(tmp)
-                )  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
-                if main:
-                    tokenizer.save_pretrained(str(tmp))
-            if critic is not None and main:  # the critic copies are identical (averaged gradients)
-                with atomic_directory(output_dir / "critic") as tmp:
-                    trainer.save_critic(tmp)
-            if main:
-                import mlflow
 
-                mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
-                mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
-                if cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
-                    table = (
-                        "samples/validation.jsonl" if validation is not None and validation.history else None
-                    )
-                    log_model(checkpoint, name="policy", validation_table=table)
-        if main:  # last: its presence says the job trained to its end (an experiment's launcher reads it)
-            import json
+def _after_training(job: _Job, trainer, rollout, guard: CollapseGuard, validation) -> None:
+    """What the main process logs once training ends: a collapse, the sample trajectories, the training and
+    validation curves."""
+    if not job.main:
+        return
+    import mlflow
 
-            done = {"run_id": run_id, "steps": trainer.state.global_step, "final": checkpoint is not None}
-            atomic_write_text(output_dir / RESULT_FILE, json.dumps(done))
-        return TrainResult(
-            run_id=run_id,
-            checkpoint=checkpoint,
-            steps=trainer.state.global_step,
-            validation=list(validation.history) if validation is not None else [],
+    if guard.collapsed_at is not None:
+        import logging
+
+        mlflow.set_tag("zerosim.collapsed_at_step", str(guard.collapsed_at))
+        logging.getLogger(__name__).warning(
+            "stopped at step %d: every trajectory scored 0 for %d steps in a row (no learning signal). "
+            "Lower trainer.learning_rate, add trainer.beta, or resume from an earlier checkpoint.",
+            guard.collapsed_at,
+            job.cfg.trainer.collapse_patience,
         )
+    log_jsonl(rollout.samples, "samples/trajectories.jsonl")
+    log_training_curves(trainer.state.log_history)
+    if validation is not None and validation.history:
+        from zerosim.training.validation import PLOTTED as VALIDATION_PLOTTED
+
+        log_training_curves(validation.history, "plots/validation.png", VALIDATION_PLOTTED)
+        log_jsonl(validation.last_rows, "samples/validation.jsonl")
+
+
+def _save_final(job: _Job, trainer: SearchTrainer, tokenizer, validation) -> Path | None:
+    """``trainer.save_final``: the policy (and tokenizer) in ``<run>/final``, written whole or not at all, the
+    critic beside it; its path in MLflow, and the model itself with ``tracking.log_model``."""
+    if not job.cfg.trainer.save_final:
+        return None
+    main = job.main
+    checkpoint = job.output_dir / "final"
+    with shared_atomic_directory(checkpoint, job.procs) as tmp:
+        trainer.save_model(str(tmp))  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
+        if main:
+            tokenizer.save_pretrained(str(tmp))
+    if trainer.critic is not None and main:  # the critic copies are identical (averaged gradients)
+        with atomic_directory(job.output_dir / "critic") as tmp:
+            trainer.save_critic(tmp)
+    if main:
+        import mlflow
+
+        mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
+        mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
+        if job.cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
+            table = "samples/validation.jsonl" if validation is not None and validation.history else None
+            log_model(checkpoint, name="policy", validation_table=table)
+    return checkpoint

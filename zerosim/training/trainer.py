@@ -1,6 +1,6 @@
 """The RL trainer: TRL's ``GRPOTrainer`` (rollout, loss, KL, logging) with our advantage estimators and PPO.
 
-Each ``algorithm`` is defined by :data:`zerosim.training.algorithms.ALGORITHMS`: the TRL settings that make it what its paper says
+Each ``algorithm`` is defined by its entry in :data:`zerosim.training.algorithms.ALGORITHMS`: the TRL settings that make it what its paper says
 (loss aggregation, reward scaling, clip range) — :class:`SearchTrainer` applies them to the ``GRPOConfig`` it
 is given, so the name means the same from ``zerosim train`` and from Python — and, where TRL's advantages
 are not the algorithm's, what replaces them. TRL computes rewards and GRPO-family advantages; this subclass
@@ -42,17 +42,16 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from zerosim.training.algorithms import (
-    ADVANTAGES,
-    ALGORITHMS,
     DYNAMIC_SAMPLING,
     EPS,
-    PREFIX_CREDIT,
+    Estimator,
     algorithm_args,
     gae,
     masked_mean,
     outcome_token_rewards,
     prefix_credited_advantages,
     returns_to_go,
+    spec_of,
     uniform_groups,
     value_loss,
     whiten,
@@ -168,18 +167,16 @@ class SearchTrainer(GRPOTrainer):
         step_credit: str = "sequence",
         **kwargs: Any,
     ):
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
-        if algorithm == "ppo" and critic is None:
-            raise ValueError("algorithm=ppo needs a critic (Critic.from_pretrained)")
+        spec = spec_of(algorithm)
+        if spec.needs_critic and critic is None:
+            raise ValueError(f"algorithm={algorithm} needs a critic (Critic.from_pretrained)")
         if critic_micro_batch is not None and critic_micro_batch < 1:
             raise ValueError(
                 f"critic_micro_batch must be >= 1 (or None: whole batch), got {critic_micro_batch}"
             )
-        spec = ALGORITHMS[algorithm]
         if dynamic_sampling is None:
             dynamic_sampling = spec.dynamic_sampling
-        if dynamic_sampling and algorithm not in DYNAMIC_SAMPLING:
+        if dynamic_sampling and not spec.allows_dynamic_sampling:
             raise ValueError(
                 f"dynamic_sampling drops groups whose rewards are all equal; it needs a group baseline and a "
                 f"token-level loss ({', '.join(DYNAMIC_SAMPLING)}), not algorithm={algorithm}: "
@@ -192,6 +189,7 @@ class SearchTrainer(GRPOTrainer):
         kwargs["args"] = _apply_algorithm(kwargs["args"], algorithm)
         super().__init__(*args, **kwargs)
         self.algorithm = algorithm
+        self.spec = spec
         self.dynamic_sampling = bool(dynamic_sampling)
         self.gamma, self.lam, self.value_clip, self.critic_epochs = gamma, lam, value_clip, critic_epochs
         self.critic = critic
@@ -332,20 +330,21 @@ class SearchTrainer(GRPOTrainer):
         local = output["completion_ids"].shape[0]
         start = self.accelerator.process_index * local
         mode = "train" if self.model.training else "eval"
-        if self.step_credit == "prefix" and self.algorithm in PREFIX_CREDIT:  # every rank: it gathers
+        estimator = self.spec.estimator
+        if self.step_credit == "prefix" and self.spec.prefix_credit is not None:  # every rank: it gathers
             output["advantages"] = self._prefix_credited(output, rewards, inputs, steps, start)
-        elif self.algorithm in ADVANTAGES:
-            advantages = ADVANTAGES[self.algorithm](rewards, self.num_generations)
+        elif estimator == Estimator.sequence:
+            advantages = self.spec.advantages(rewards, self.num_generations)
             output["advantages"] = advantages[start : start + local].to(output["advantages"].dtype)
-        elif self.algorithm == "reinforce_pp":
+        elif estimator == Estimator.returns:
             output.update(self._reinforce_pp_advantages(output, rewards[start : start + local], steps))
-        elif self.algorithm == "ppo":
+        elif estimator == Estimator.gae:
             started = time.perf_counter()
             output.update(self._ppo_advantages(output, rewards[start : start + local], steps))
             self._add_time("critic", time.perf_counter() - started)
         if self.dynamic_sampling:
             self._drop_uniform_groups(output, rewards, start)
-        if self.algorithm not in ("grpo", "dr_grpo", "dapo") or self.step_credit == "prefix":
+        if self.spec.own_advantages or self.step_credit == "prefix":
             self._metrics[mode]["algorithm/advantage_abs_mean"].append(
                 output["advantages"].abs().mean().item()
             )
@@ -413,7 +412,7 @@ class SearchTrainer(GRPOTrainer):
 
     # -- REINFORCE++ ---------------------------------------------------------------------------------------
     def _algorithm_loss(self, model, inputs):
-        if not (ALGORITHMS[self.algorithm].kl_in_reward and self.beta != 0.0):
+        if not (self.spec.kl_in_reward and self.beta != 0.0):
             return super()._compute_loss(model, inputs)
         # REINFORCE++: the KL already is in the rewards (see _reinforce_pp_advantages), not in the loss. TRL
         # keeps beta for the reference log-probs it computes at generation time; the loss runs without it.
