@@ -19,8 +19,13 @@ wrong type, or a sampling value out of its range: ``temperature`` finite and >= 
 (0, 1] — ``Infinity``/``NaN`` refused — ``max_tokens`` in [1, limit]), naming the field in ``param``; 400
 too, before any generation, for a prompt whose tokens plus ``max_tokens`` exceed the model's context
 (:func:`context_length`; vLLM refuses it the same way); 404 for an unknown model, 500 when generation
-fails. Requests are served one at a time (one model, one generate). Binds 127.0.0.1 unless told otherwise:
-there is no authentication.
+fails. A ``temperature`` below 1e-5 decodes greedily, as vLLM's does.
+
+Requests are served one at a time (one model, one generate), in arrival order
+(:class:`~simulators.generation_queue.GenerationQueue`): past ``max_waiting`` waiting requests the answer is
+429 with ``Retry-After``; a request whose client disconnects leaves the queue unrun, or stops generating
+before its next decode step. Connections that stay idle or never finish sending a request are closed
+(:mod:`zerosim.core.http.connections`). Binds 127.0.0.1 unless told otherwise: there is no authentication.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -55,8 +59,11 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     field_validator,
 )
+from starlette.concurrency import run_in_threadpool
 
 from simulators.backends import Completion, TransformersBackend
+from simulators.generation_queue import DEFAULT_MAX_WAITING, Cancelled, GenerationQueue, QueueFull
+from zerosim.core.http.connections import DEFAULT_TIMEOUTS, ConnectionTimeouts, uvicorn_options
 from zerosim.core.http.server import running_app
 
 logger = logging.getLogger(__name__)
@@ -71,6 +78,8 @@ _CONTEXT_FIELDS = (
     "max_sequence_length",
 )
 _TOKENIZER_UNSET = 10**20  # transformers writes int(1e30) as model_max_length when the tokenizer sets none
+# below this temperature a request decodes greedily, as vLLM's (its _SAMPLING_EPS): logits / 1e-300 are inf
+GREEDY_BELOW = 1e-5
 
 
 class SamplingRequest(BaseModel):
@@ -82,7 +91,11 @@ class SamplingRequest(BaseModel):
     model: StrictStr = Field(description="A name from GET /v1/models: the base model or a LoRA adapter.")
     # strict floats take JSON ints too; Infinity and NaN (which Python's JSON parser accepts) are refused
     temperature: float = Field(
-        default=1.0, strict=True, allow_inf_nan=False, ge=0, description="0 = greedy; any finite value >= 0."
+        default=1.0,
+        strict=True,
+        allow_inf_nan=False,
+        ge=0,
+        description="0 (or anything below 1e-5) = greedy; any finite value >= 0.",
     )
     top_p: float = Field(
         default=1.0, strict=True, allow_inf_nan=False, gt=0, le=1, description="Nucleus sampling."
@@ -90,6 +103,11 @@ class SamplingRequest(BaseModel):
     seed: StrictInt | None = Field(default=None, description="Same input + seed -> same texts.")
     n: StrictInt = Field(default=1, description="Choices per prompt; only 1 is supported.")
     stream: StrictBool = Field(default=False, description="Streaming is not supported.")
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_when_tiny(cls, value: float) -> float:
+        return 0.0 if value < GREEDY_BELOW else value
 
 
 class CompletionRequest(SamplingRequest):
@@ -149,12 +167,24 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 def _error(
-    status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None
+    status: int,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     return JSONResponse(
         status_code=status,
         content={"error": {"message": message, "type": kind, "param": param, "code": status}},
+        headers=headers,
     )
+
+
+async def _client_gone(request: fastapi.Request) -> None:
+    """Returns once the client has disconnected (the body is read: the next ASGI message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def context_length(model, tokenizer) -> int | None:
@@ -202,13 +232,15 @@ def create_openai_app(
     adapters: Sequence[str] = (),
     max_prompts: int = 1024,
     max_tokens_limit: int = 4096,
+    max_waiting: int = DEFAULT_MAX_WAITING,
 ) -> fastapi.FastAPI:
     """A FastAPI app serving ``backend`` (its ``apply_chat_template`` should be off) as ``model_name``.
 
     ``adapters`` names LoRA adapters already loaded into ``backend.model`` (a peft model, see
     :func:`load_lora`); a request naming one runs with it, a request naming ``model_name`` without any.
     ``max_prompts`` and ``max_tokens_limit`` bound one request (more → 400); so does the model's context
-    (:func:`context_length`).
+    (:func:`context_length`). ``max_waiting`` bounds the requests waiting for the model (more → 429 with
+    ``Retry-After``). The queue is ``app.state.queue`` (its ``stats`` count cancelled and refused requests).
     """
     if backend.apply_chat_template:
         raise ValueError("serve a backend with apply_chat_template=False: clients send formatted prompts")
@@ -217,8 +249,10 @@ def create_openai_app(
         raise ValueError(f"served model names must be distinct: {served}")
     created = int(time.time())
     context = context_length(backend.model, backend.tokenizer)
-    lock = threading.Lock()
+    queue = GenerationQueue(max_waiting)
+    queue.watch(backend.model)  # loaded adapters included: stops a cancelled job between two forwards
     app = fastapi.FastAPI(title=f"zerosim simulator server ({model_name})", version="1")
+    app.state.queue = queue
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid_request(request: fastapi.Request, exc: RequestValidationError) -> JSONResponse:
@@ -231,7 +265,13 @@ def create_openai_app(
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "models": served, "engine": "transformers"}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "models": served,
+            "engine": "transformers",
+            "queue": {"waiting": queue.waiting, "max_waiting": queue.max_waiting, **queue.stats},
+        }
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -267,14 +307,10 @@ def create_openai_app(
                 )
         return None
 
-    def generate(
-        body: SamplingRequest,
-        prompts: list[str],
-        max_tokens: int | None,
-        what: str,
-        tokens_field: str = "max_tokens",
-    ) -> list[Completion] | JSONResponse:
-        """The checks both endpoints share, then ONE batched generate of ``prompts`` (raw text each).
+    def checked_budget(
+        prompts: list[str], max_tokens: int | None, what: str, tokens_field: str
+    ) -> int | JSONResponse:
+        """The checks both endpoints share: the tokens to generate per prompt, or the 400 answer.
 
         ``max_tokens=None``: as many as the context leaves for the longest prompt, up to the limit.
         ``what`` and ``tokens_field`` name the input and the token budget in errors (the request's fields).
@@ -290,16 +326,46 @@ def create_openai_app(
                 return _error(400, problem, param=what)
             if max_tokens is None:
                 max_tokens = min(max_tokens_limit, context - max(counts))
-        seed = body.seed if body.seed is not None else secrets.randbits(63)
+        return max_tokens or max_tokens_limit
+
+    async def generate(
+        request: fastapi.Request,
+        body: SamplingRequest,
+        prompts: list[str],
+        max_tokens: int | None,
+        what: str,
+        tokens_field: str = "max_tokens",
+    ) -> list[Completion] | JSONResponse:
+        """The checks both endpoints share, then ONE batched generate of ``prompts`` (raw text each), when
+        the queue has room and the model's turn comes, unless the client goes first."""
+        budget = await run_in_threadpool(checked_budget, prompts, max_tokens, what, tokens_field)
+        if isinstance(budget, JSONResponse):
+            return budget
         try:
-            with lock, _adapter(backend.model, None if body.model == model_name else body.model):
+            job = queue.admit()
+        except QueueFull as full:
+            logger.warning("refused a request: %s", full)
+            retry_after = {"Retry-After": str(full.retry_after)}
+            return _error(429, str(full), kind="rate_limit_error", headers=retry_after)
+        seed = body.seed if body.seed is not None else secrets.randbits(63)
+        adapter = None if body.model == model_name else body.model
+
+        def work() -> list[Completion]:
+            with _adapter(backend.model, adapter):
                 return backend.generate(
                     prompts,
-                    max_new_tokens=max_tokens or max_tokens_limit,
+                    max_new_tokens=budget,
                     temperature=float(body.temperature),
                     top_p=float(body.top_p),
                     seed=seed,
                 )
+
+        try:
+            return await queue.run(job, work, lambda: _client_gone(request))
+        except Cancelled:  # nobody reads this answer; the log says what the client's going saved
+            when = f"after {job.forwards} forwards" if job.started else "before its turn"
+            logger.info("client gone: stopped a request for %d prompts %s", len(prompts), when)
+            return _error(499, "the client closed the connection", kind="client_closed_request")
         except Exception as exc:  # a generation bug: log the trace here, send only the message
             logger.exception("generation failed for %d prompts", len(prompts))
             return _error(
@@ -316,7 +382,7 @@ def create_openai_app(
         }
 
     @app.post("/v1/completions")
-    def completions(body: CompletionRequest) -> JSONResponse:
+    async def completions(body: CompletionRequest, request: fastapi.Request) -> JSONResponse:
         refused = refusal(body)
         if refused is not None:
             return refused
@@ -325,7 +391,7 @@ def create_openai_app(
             return _error(400, "prompt is an empty list; send at least one prompt", param="prompt")
         if any(not p for p in prompts):
             return _error(400, "prompt holds an empty string; every prompt needs text", param="prompt")
-        generated = generate(body, prompts, body.max_tokens, "prompt")
+        generated = await generate(request, body, prompts, body.max_tokens, "prompt")
         if isinstance(generated, JSONResponse):
             return generated
         return JSONResponse(
@@ -343,7 +409,7 @@ def create_openai_app(
         )
 
     @app.post("/v1/chat/completions")
-    def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+    async def chat_completions(body: ChatCompletionRequest, request: fastapi.Request) -> JSONResponse:
         refused = refusal(body)
         if refused is not None:
             return refused
@@ -359,11 +425,11 @@ def create_openai_app(
         except jinja2.TemplateError as exc:  # e.g. roles the template does not take, in an order it refuses
             return _error(400, f"the chat template refused these messages: {exc}", param="messages")
         if body.max_completion_tokens is not None:
-            generated = generate(
-                body, [text], body.max_completion_tokens, "messages", "max_completion_tokens"
+            generated = await generate(
+                request, body, [text], body.max_completion_tokens, "messages", "max_completion_tokens"
             )
         else:
-            generated = generate(body, [text], body.max_tokens, "messages")
+            generated = await generate(request, body, [text], body.max_tokens, "messages")
         if isinstance(generated, JSONResponse):
             return generated
         (answer,) = generated
@@ -453,17 +519,27 @@ def serve_openai(
     lora: Sequence[str] | Mapping[str, str] = (),
     dtype: str = "auto",
     log_level: str = "info",
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    timeouts: ConnectionTimeouts = DEFAULT_TIMEOUTS,
 ) -> None:
-    """Serve ``model_path`` in-process (transformers) until interrupted; ``served_model_name`` defaults to it."""
+    """Serve ``model_path`` in-process (transformers) until interrupted; ``served_model_name`` defaults to it.
+
+    ``max_waiting``: requests that may wait for the model (more → 429); ``timeouts``: how long a connection
+    may stay idle, or take to send its request, before it is closed."""
     spinning = openmp_spin_warning()
     if spinning is not None:
         logger.warning(spinning)
     adapters = parse_lora(lora)
     backend = TransformersBackend.from_pretrained(model_path, dtype, apply_chat_template=False)
     load_lora(backend, adapters)
-    app = create_openai_app(backend, model_name=served_model_name or model_path, adapters=list(adapters))
+    app = create_openai_app(
+        backend,
+        model_name=served_model_name or model_path,
+        adapters=list(adapters),
+        max_waiting=max_waiting,
+    )
     logger.info("serving %s (in-process transformers) on http://%s:%d", model_path, host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, **uvicorn_options(timeouts))
 
 
 def openmp_spin_warning() -> str | None:
@@ -523,12 +599,16 @@ def start_simulator_server(
     dtype: str = "auto",
     extra_args: Sequence[str] = (),
     use_vllm: bool | None = None,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    request_timeout: float = DEFAULT_TIMEOUTS.request,
 ) -> int:
     """Serve the simulator until interrupted; returns the exit status (0 after a clean in-process stop).
 
     ``use_vllm=None`` picks ``vllm serve`` (a subprocess) when :func:`vllm_available`, else the in-process
     server. Clients ask for ``served_model_name`` (default: ``model`` as given, e.g. ``smollm2``) or an adapter
     name. ``extra_args`` go to ``vllm serve`` (``--max-model-len 4096``, ``--max-lora-rank 64``, ...).
+    ``max_waiting`` and ``request_timeout`` (seconds to receive a whole request) are the in-process server's
+    (vLLM aborts a disconnected client's request itself).
     """
     adapters = parse_lora(lora)
     from zerosim.core.models import resolve_model
@@ -545,7 +625,16 @@ def start_simulator_server(
         return subprocess.run(command, check=False).returncode
     if extra_args:
         raise ValueError(f"extra_args {list(extra_args)} are vllm serve flags; vLLM is not used here")
-    serve_openai(path, host, port, served_model_name=name, lora=adapters, dtype=dtype)
+    serve_openai(
+        path,
+        host,
+        port,
+        served_model_name=name,
+        lora=adapters,
+        dtype=dtype,
+        max_waiting=max_waiting,
+        timeouts=ConnectionTimeouts(request=request_timeout),
+    )
     return 0
 
 

@@ -28,7 +28,9 @@ def test_the_server_warns_when_its_openmp_threads_would_spin(
     monkeypatch.setattr(server.uvicorn, "run", lambda app, **options: started.append(options))
     with caplog.at_level(logging.WARNING, logger=server.__name__):
         server.serve_openai(str(tiny_model_dir), port=9003)
-    assert started == [{"host": "127.0.0.1", "port": 9003, "log_level": "info"}]
+    (options,) = started
+    assert (options["host"], options["port"], options["log_level"]) == ("127.0.0.1", 9003, "info")
+    assert options["timeout_keep_alive"] == 5.0  # idle and half-sent connections are closed
     warnings = [r.getMessage() for r in caplog.records if r.name == server.__name__]
     if not warns:
         assert warnings == []

@@ -3,10 +3,12 @@
 A :class:`RetryingClient` owns one ``httpx.Client`` and runs by a :class:`RetryPolicy` (timeouts, attempts and
 backoff, which every client here takes as one object and a config section gives through :meth:`RetryPolicy.of`).
 An attempt raises :class:`Retryable` when another attempt may fix what went wrong (connection errors,
-timeouts, 5xx answers, invalid JSON, malformed answers); a 4xx answer raises
+timeouts, 5xx answers, 429 "too many requests", invalid JSON, malformed answers); any other 4xx answer raises
 :class:`~zerosim.core.search.SearchError` at once. :meth:`RetryingClient.with_retries` runs an attempt up to
 ``retries`` times with capped exponential backoff, then raises :class:`~zerosim.core.search.SearchError` naming
-the server (its ``label``), the URL, the attempts and the last problem.
+the server (its ``label``), the URL, the attempts and the last problem. A 429 or 503 answer's
+``Retry-After`` replaces the backoff before the next attempt (a busy simulator server says when its queue
+will have room), up to one attempt's deadline.
 
 Each attempt has a wall-clock deadline of ``connect_timeout + read_timeout``. httpx's own timeouts bound
 each socket operation, so a server trickling one byte at a time would never trip them; here every socket
@@ -18,7 +20,10 @@ at most ``retries * (connect_timeout + read_timeout)`` plus the backoff sleeps.
 from __future__ import annotations
 
 import contextvars
+import datetime
+import email.utils
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,7 +40,12 @@ T = TypeVar("T")
 
 
 class Retryable(Exception):
-    """One attempt failed in a way another attempt may fix (the message says how)."""
+    """One attempt failed in a way another attempt may fix (the message says how); ``retry_after``: the
+    seconds the server asked to be left alone (its ``Retry-After``), or None."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 # -- the per-attempt deadline ---------------------------------------------------------------------------
@@ -169,8 +179,9 @@ class RetryPolicy:
             deadline, :attr:`attempt_timeout` (``connect_timeout + read_timeout``) after it started, however
             the server paces its bytes.
         retries: attempts in all (1 = no retry).
-        backoff: seconds slept before the second attempt; doubled before each later one.
-        max_backoff: upper bound on one sleep.
+        backoff: seconds slept before the second attempt; doubled before each later one. An answer with
+            ``Retry-After`` (429, 503) is waited for that long instead, at most :attr:`attempt_timeout`.
+        max_backoff: upper bound on one backoff sleep.
 
     Settings no client can work with raise ``ValueError`` naming them, at construction.
     """
@@ -283,16 +294,19 @@ class RetryingClient:
         return Retryable(f"timed out ({type(exc).__name__})")
 
     def raise_for_status(self, response: httpx.Response, url: str) -> None:
-        """A 4xx answer raises :class:`SearchError` (not retried), a 5xx one :class:`Retryable`."""
+        """A 4xx answer raises :class:`SearchError` (not retried); a 5xx or 429 one :class:`Retryable`,
+        carrying the answer's ``Retry-After``."""
         status = response.status_code
         if status < 300:
             return
         message = error_message(response)
-        if 400 <= status < 500:
+        if 400 <= status < 500 and status != 429:
             raise SearchError(
                 f"{self.label} {url} rejected the request (HTTP {status}, not retried): {message}"
             )
-        raise Retryable(f"HTTP {status}: {message}")
+        wait = retry_after(response.headers.get("Retry-After"))
+        asked = f" (Retry-After: {wait:g}s)" if wait is not None else ""
+        raise Retryable(f"HTTP {status}{asked}: {message}", retry_after=wait)
 
     @staticmethod
     def json(response: httpx.Response) -> Any:
@@ -303,18 +317,21 @@ class RetryingClient:
             raise Retryable(f"invalid JSON answer ({exc}): {response.text[:200]!r}") from exc
 
     def with_retries(self, url: str, attempt: Callable[[], T]) -> T:
-        """Run ``attempt`` up to ``retries`` times, sleeping ``backoff * 2**i`` (capped) in between."""
+        """Run ``attempt`` up to ``retries`` times, sleeping ``backoff * 2**i`` (capped) in between, or as
+        long as the last answer's ``Retry-After`` asked (at most one attempt's deadline)."""
         retry = self.retry
         problem = ""
+        asked: float | None = None
         for i in range(retry.retries):
             if i:
                 if self.on_retry is not None:
                     self.on_retry()
-                time.sleep(min(retry.max_backoff, retry.backoff * 2 ** (i - 1)))
+                backoff = min(retry.max_backoff, retry.backoff * 2 ** (i - 1))
+                time.sleep(backoff if asked is None else max(backoff, min(asked, retry.attempt_timeout)))
             try:
                 return attempt()
             except Retryable as exc:
-                problem = str(exc)
+                problem, asked = str(exc), exc.retry_after
                 self.log.warning("%s %s, attempt %d/%d: %s", self.label, url, i + 1, retry.retries, problem)
         plural = "attempt" if retry.retries == 1 else "attempts"
         raise SearchError(f"{self.label} {url} did not answer after {retry.retries} {plural}: {problem}")
@@ -338,6 +355,23 @@ def error_message(response: httpx.Response) -> str:
             if data.get(key):
                 return str(data[key])[:500]
     return str(data)[:200]
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header's wait in seconds (a number, or an HTTP date), or None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def reason(exc: Exception) -> str:

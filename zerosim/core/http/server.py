@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
+from zerosim.core.http.connections import DEFAULT_TIMEOUTS, ConnectionTimeouts, uvicorn_options
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest
 
 logger = logging.getLogger(__name__)
@@ -297,14 +298,21 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     log_level: str = "info",
+    timeouts: ConnectionTimeouts = DEFAULT_TIMEOUTS,
     **app_options: Any,
 ) -> None:
     """Serve ``engine`` until interrupted. Binds loopback unless ``host`` says otherwise (``0.0.0.0``: all).
 
-    ``app_options`` go to :func:`create_app` (``name``, ``max_topk``, ``max_queries``, ``default_topk``,
-    ``max_negatives_depth``, ``negatives``).
+    ``timeouts`` close idle and half-sent connections. ``app_options`` go to :func:`create_app` (``name``,
+    ``max_topk``, ``max_queries``, ``default_topk``, ``max_negatives_depth``, ``negatives``).
     """
-    uvicorn.run(create_app(engine, **app_options), host=host, port=port, log_level=log_level)
+    uvicorn.run(
+        create_app(engine, **app_options),
+        host=host,
+        port=port,
+        log_level=log_level,
+        **uvicorn_options(timeouts),
+    )
 
 
 @contextlib.contextmanager
@@ -317,14 +325,22 @@ def running_app(
     startup_timeout: float = 10.0,
     health_path: str = "/health",
     label: str = "server",
+    timeouts: ConnectionTimeouts = DEFAULT_TIMEOUTS,
 ) -> Iterator[str]:
     """Serve ``app`` from a background thread for the ``with`` block; yields the base URL.
 
     ``port=0`` picks a free port. Waits until ``health_path`` answers, and stops the server on exit. ``label``
-    names the server in errors and logs. For tests and benchmarks; use :func:`serve` for a long-running server.
+    names the server in errors and logs; ``timeouts`` close idle and half-sent connections. For tests and
+    benchmarks; use :func:`serve` for a long-running server.
     """
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=2
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(timeouts),
     )
     server = uvicorn.Server(config)
     crashed: list[BaseException] = []
