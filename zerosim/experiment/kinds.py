@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from curricula import describe_noise
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.engines import EngineName
@@ -26,6 +27,7 @@ from zerosim.training.config import TrainConfig
 log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"  # a finished stage's record: key, time, config, outputs
+ATTEMPT_FILE = "attempt.json"  # a running stage's time so far, and the MLflow runs its attempts started
 
 
 class Kind(StrEnum):
@@ -276,12 +278,7 @@ def _eval_units(c: EvalConfig) -> float:
 def _describe_train(stage: Stage) -> str:
     c = stage.config
     t, cur = c.trainer, c.curriculum
-    noise = (
-        f"noise {cur.p_start:g}->{cur.p_end:g} {cur.schedule}"
-        if cur.schedule != "constant"
-        else f"noise {cur.p_end:g}"
-    )
-    return f"{t.algorithm} {t.max_steps} steps x {t.per_device_train_batch_size * t.gradient_accumulation_steps} traj, search={c.search.engine}, {noise}"
+    return f"{t.algorithm} {t.max_steps} steps x {t.per_device_train_batch_size * t.gradient_accumulation_steps} traj, search={c.search.engine}, {describe_noise(cur)}"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from zerosim.experiment.config import ExperimentConfig
 from zerosim.experiment.estimates import CONTENDED_SHARE, estimate_notes, estimates
 from zerosim.experiment.keys import status
 from zerosim.experiment.kinds import (
+    ATTEMPT_FILE,
     KINDS,
     STAGE_FILE,
     Kind,
@@ -29,10 +30,18 @@ from zerosim.experiment.kinds import (
     relative_to_root,
     run_stage,
 )
+from zerosim.experiment.provenance import (
+    MODEL_KINDS,
+    machine_kind,
+    model_digest,
+    provenance,
+    read_by,
+    short,
+)
+from zerosim.experiment.stagefiles import files_problem, written_files
 from zerosim.experiment.stages import build_stages
 
 EXPERIMENT_FILE = "experiment.json"  # the experiment's MLflow parent run, and the folder it was started in
-ATTEMPT_FILE = "attempt.json"  # a running stage's time so far
 LOCK_FILE = ".lock"  # held by the one process running (or importing into) the experiment
 OWNER_FILE = ".lock.owner"  # who holds it: pid and host, for the error a second process gets
 
@@ -83,18 +92,73 @@ def _model_absent(record: dict[str, Any] | None) -> bool:
 
 
 def statuses(stages: Sequence[Stage], root: Path) -> dict[str, str]:
-    """Each stage's :func:`~zerosim.experiment.keys.status`, and one more rule: a reused stage whose model is
-    absent (it ran on another machine) runs again when a stage that reads it has to run; while every stage
-    that reads it is reused, it is not."""
-    state = {s.name: status(s, root, stages) for s in stages}
+    """Each stage's status (:func:`plan_statuses`)."""
+    return {name: state for name, (state, _) in plan_statuses(stages, root).items()}
+
+
+def plan_statuses(stages: Sequence[Stage], root: Path, ran: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """Each stage's :func:`~zerosim.experiment.keys.status` and why, in words, with more rules:
+
+    - a finished stage that read a model re-run since with other weights (its record's ``reads`` against that
+      model's digest now: :mod:`zerosim.experiment.provenance`) runs again: "reads warmstart a1b2…, now c3d4…";
+      with the same weights it is reused;
+    - a finished stage that reads results (not a model) of a stage that runs again, or ran again since
+      (``ran``: in this process), runs again: the report after an evaluation re-run;
+    - a reused stage whose model is absent (it ran on another machine) runs again when a stage that reads it
+      has to run; while every stage that reads it is reused, it is not.
+
+    A record from before digests is reused as before, its model instance noted as unrecorded; a reused stage
+    that reads a model about to run again is noted: it is checked again once that model is there.
+
+    A stage is reused only with the results files its record says it wrote (:func:`reused_files`)."""
     by_name = {s.name: s for s in stages}
+    state, why = {}, {}
+    for stage in stages:
+        state[stage.name], why[stage.name] = status(stage, root, stages), ""
+        done = read_stage(stage, root) if state[stage.name] == "reuse" else None
+        if done is None or stage.name in ran:
+            continue
+        problem = reused_files(stage, done, root)
+        if problem is not None:  # the report: written again from the results
+            state[stage.name], why[stage.name] = "re-run", problem
+            continue
+        changed, notes = provenance(stage, done, by_name, lambda s: read_stage(s, root))
+        for dep in (d for d in stage.deps if by_name[d].kind not in MODEL_KINDS):
+            dep_done = read_stage(by_name[dep], root)
+            since = dep in ran or str((dep_done or {}).get("finished", "")) > str(done.get("finished", "~"))
+            if state[dep] != "reuse" or since:
+                changed.append(f"reads {dep}, which {'runs' if state[dep] != 'reuse' else 'ran'} again")
+        if changed:
+            state[stage.name] = "re-run"
+        why[stage.name] = "; ".join(changed or notes)
     for stage in reversed(stages):  # readers before what they read: a re-run reaches up the chain
         if state[stage.name] == "reuse":
             continue
         for dep in stage.deps:
             if state.get(dep) == "reuse" and _model_absent(read_stage(by_name[dep], root)):
-                state[dep] = "re-run"
-    return state
+                state[dep], why[dep] = "re-run", f"its model is not here, and {stage.name} reads it"
+    for stage in stages:
+        pending = [d for d in stage.deps if state.get(d) != "reuse" and by_name[d].kind in MODEL_KINDS]
+        if state[stage.name] == "reuse" and pending:
+            reads = (read_stage(stage, root) or {}).get("reads") or {}
+            again = ", ".join(f"{d} (read {short(reads.get(d))})" for d in pending)
+            why[stage.name] = f"checked again once {again} has run: runs again if its weights differ"
+    return {name: (state[name], why[name]) for name in state}
+
+
+def reused_files(stage: Stage, done: dict[str, Any], root: Path) -> str | None:
+    """A reused stage's results files against its record (:func:`~zerosim.experiment.stagefiles.files_problem`):
+    the report without its files (they do not travel) runs again (the reason returned); any other stage's
+    truncated or edited results file is refused, naming it: the results would be read as measured."""
+    from zerosim.core.config import ConfigError
+
+    problem = files_problem(stage, done, stage.dir(root), root)
+    if problem is None or stage.kind == Kind.report:
+        return problem
+    raise ConfigError(
+        f"{stage.name}: {problem}. Its results are not what it measured: put back the file from the export "
+        f"or the folder it came from, or delete {stage.dir(root)} to run the stage again"
+    )
 
 
 def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
@@ -111,13 +175,15 @@ def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
     from zerosim.core.tracking import check_tracking_uri
 
     check_tracking_uri(cfg.tracking.tracking_uri)
-    for _, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
+    for name, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
         spec = parse_qa_spec(source, split)
         if spec.path is not None and not spec.path.exists():
             raise ConfigError(
                 f"eval.datasets: {source} does not exist; point it at a FlashRAG jsonl/parquet file or folder, "
                 "an HF dataset id, or factbook[:split]"
             )
+        if spec.path is not None:  # read as `zerosim eval` reads it: the same row checks, before any stage
+            _held_out_rows(cfg, name, source, split)
         if spec.repo == "factbook" and spec.split not in SPLITS:
             raise ConfigError(
                 f"eval.datasets: the embedded factbook has splits {', '.join(SPLITS)}, not {spec.split!r} "
@@ -139,6 +205,23 @@ def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
                 "(e.g. `accelerate launch --num_processes 8`, with accelerate installed) or leave it unset"
             )
     _stage_inputs(stages)
+
+
+def _held_out_rows(cfg: ExperimentConfig, name: str, source: str, split: str) -> None:
+    """A held-out file's rows as the eval stages read them (eval's ``load_datasets``): a malformed row, a
+    repeated question id or no rows at all refused now, naming eval.datasets, file and line."""
+    from eval.config import Sample
+    from eval.harness import empty_dataset_error
+    from zerosim.core.data.embedded import load_questions
+    from zerosim.core.data.qa import DataError
+
+    first = cfg.eval.limit is not None and cfg.eval.sample == Sample.first  # else every row is read
+    try:
+        rows = load_questions(source, split, limit=cfg.eval.limit if first else None)
+    except DataError as exc:
+        raise DataError(f"eval.datasets: {exc}") from None
+    if not rows:
+        raise empty_dataset_error(name, source)
 
 
 def _stage_inputs(stages: Sequence[Stage]) -> None:
@@ -176,28 +259,31 @@ def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> lis
     """(stage, status, estimate, what) for ``--dry-run``."""
     check_inputs(cfg, stages)
     est, notes = estimates(stages, root), estimate_notes(stages, root)
-    state_of = statuses(stages, root)
+    plan = plan_statuses(stages, root)
     rows = []
     for stage in stages:
-        state = state_of[stage.name]
+        state, why = plan[stage.name]
         seconds = 0.0 if state == "reuse" else est[stage.name]
         note = f" ({notes[stage.name]})" if notes[stage.name] and state != "reuse" else ""
-        rows.append(
-            (stage.name, state, f"{seconds / 60:.1f} min{note}", describe(stage).replace(str(root), "<root>"))
-        )
+        what = describe(stage).replace(str(root), "<root>") + (f" [{why}]" if why else "")
+        rows.append((stage.name, state, f"{seconds / 60:.1f} min{note}", what))
     return rows
 
 
 class StageClock:
     """A stage's wall time over all its attempts. While an attempt runs, the time so far is kept in
     ``attempt.json`` every ``every`` seconds, so when a killed stage continues, the killed attempt's time
-    (to within ``every``) counts too; ``attempts`` counts them."""
+    (to within ``every``) counts too; ``attempts`` counts them. ``runs``: the MLflow runs its attempts
+    started (:func:`~zerosim.experiment.runlogs.runs_started`), kept there too, so the logs of a stage that
+    failed or was stopped are found by the export."""
 
     def __init__(self, folder: Path, *, continuing: bool, every: float = 30.0):
         self.folder, self.every = folder, every
         earlier = read_json(folder / ATTEMPT_FILE) if continuing else None
         self.prior = float(earlier.get("seconds", 0.0)) if earlier else 0.0
         self.attempts = int(earlier.get("attempts", 1)) + 1 if earlier else 1
+        self.runs: list[str] = list((earlier or {}).get("runs") or [])
+        self.started_ms = int(time.time() * 1000)  # for MLflow's start times (epoch ms)
         self._stop = threading.Event()
         self.ended: float | None = None
 
@@ -207,9 +293,8 @@ class StageClock:
 
     def _save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            self.folder / ATTEMPT_FILE, json.dumps({"seconds": self.seconds(), "attempts": self.attempts})
-        )
+        state = {"seconds": self.seconds(), "attempts": self.attempts, "runs": self.runs}
+        atomic_write_text(self.folder / ATTEMPT_FILE, json.dumps(state))
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every):
@@ -280,6 +365,17 @@ def _end_stale_runs(parent_id: str, echo: Callable[[str], None]) -> None:
         )
 
 
+def _with_runs_started(clock: StageClock, parent_id: str) -> list[str]:
+    """``clock.runs`` and the MLflow runs nested under the experiment's run since this attempt started."""
+    from zerosim.experiment.runlogs import runs_started
+
+    try:
+        started = runs_started(parent_id, clock.started_ms)
+    except Exception:  # noqa: BLE001 - a store gone mid-stage: the stage's own error is the one to report
+        started = []
+    return list(dict.fromkeys([*clock.runs, *started]))
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -325,21 +421,37 @@ def _run_locked(
 
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}
-        code = code_version()
-        state_of = statuses(stages, root)
-        for i, stage in enumerate(stages, 1):
-            current = state_of[stage.name]
-            if current == "reuse":
-                outputs[stage.name] = read_stage(stage, root)["outputs"]
-                reused.append(stage.name)
-                echo(f"[{i}/{len(stages)}] {stage.name}: reused")
-                continue
+        code, machine = code_version(), machine_kind()
+        by_name = {s.name: s for s in stages}
+        number = {s.name: i for i, s in enumerate(stages, 1)}
+        while True:
+            # again after each stage: a model re-run with other weights sends the stages that read it
+            # (reused until now) to run again, and they may need a model that is not here
+            plan = plan_statuses(stages, root, ran)
+            stage = next((s for s in stages if plan[s.name][0] != "reuse"), None)
+            for done in stages[: number[stage.name] - 1] if stage is not None else stages:
+                if done.name not in outputs:
+                    outputs[done.name] = read_stage(done, root)["outputs"]
+                    reused.append(done.name)
+                    echo(f"[{number[done.name]}/{len(stages)}] {done.name}: reused")
+            if stage is None:
+                break
+            if stage.name in ran:  # cannot happen while stages come in run order; never loop on one
+                raise RuntimeError(f"stage {stage.name} would run twice: {plan[stage.name][1]}")
+            current, why = plan[stage.name]
+            if stage.name in reused:
+                reused.remove(stage.name)
             if current in ("re-run", "run") and stage.dir(root).exists():
                 shutil.rmtree(stage.dir(root))
-            echo(f"[{i}/{len(stages)}] {stage.name}: {current} ({describe(stage)})")
+            because = f" [{why}]" if why and current != "reuse" else ""
+            echo(f"[{number[stage.name]}/{len(stages)}] {stage.name}: {current} ({describe(stage)}){because}")
+            reads = read_by(stage, by_name, lambda s: read_stage(s, root))  # the models there as it starts: what it reads
             cpu_before = cpu_times()
             with StageClock(stage.dir(root), continuing=current == "continue") as clock:
-                result = run_stage(stage, root, cfg, parent_id, stages=stages, outputs=outputs)
+                try:
+                    result = run_stage(stage, root, cfg, parent_id, stages=stages, outputs=outputs)
+                finally:  # failed or stopped too: its logs are exported (runlogs)
+                    clock.runs = _with_runs_started(clock, parent_id)
             seconds = clock.seconds()
             others = others_cpu_share(cpu_before, cpu_times())  # this attempt's
             if others is not None and others > CONTENDED_SHARE:
@@ -360,7 +472,13 @@ def _run_locked(
                 "config": plain(stage.config),
                 "outputs": result,
                 "code": code,  # which code ran it (not part of its key: the report flags other code)
+                "machine": machine,  # the CPU kind or GPU: AMX updates in bf16, others in fp32
+                "reads": reads,  # the digests of the models it read (not part of its key either)
+                "runs": clock.runs,  # every MLflow run it started: its curves and samples travel
+                "files": written_files(stage, root),  # checked when it is reused (stagefiles)
             }
+            if stage.kind in MODEL_KINDS:  # the weights it wrote, so its readers can tell a re-run apart
+                record["model"] = model_digest(result["path"])
             stage.dir(root).mkdir(parents=True, exist_ok=True)
             # paths under the folder written as <root>: a copied or moved folder reads its own files
             text = relative_to_root(json.dumps(record, indent=2, default=str), root)
