@@ -123,6 +123,7 @@ def main() -> None:
     from zerosim.core.data.embedded import load_questions
     from zerosim.core.generation import HFGenerator
     from zerosim.core.models import load_causal_lm, load_tokenizer
+    from zerosim.core.sampling import Sampling
     from zerosim.engines import SearchConfig, build_search_engine
 
     questions = load_questions("factbook", "dev", limit=args.questions)
@@ -140,10 +141,8 @@ def main() -> None:
         return SearchRollout(tokenizer, engine, config=config, k=2, examples=examples)
 
     def generator(decoder: str, temperature: float) -> HFGenerator:
-        return HFGenerator(
-            model, tokenizer, temperature=temperature, stop_strings=STOP_STRINGS,
-            eos_token_ids=[tokenizer.eos_token_id], decoder=decoder,
-        )  # fmt: skip
+        sampling = Sampling(temperature=temperature, stop_strings=STOP_STRINGS)
+        return HFGenerator(model, tokenizer, sampling=sampling, decoder=decoder)
 
     bandwidth, flops = machine_rates()
     print(

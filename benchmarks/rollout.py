@@ -101,11 +101,12 @@ def zerosearch_loop(
     from zerosim.agent.protocol import parse_action
     from zerosim.agent.rollout import ProtocolTokens, build_prompt
     from zerosim.core.generation import HFGenerator
+    from zerosim.core.sampling import Sampling
     from zerosim.core.search import SearchRequest
 
     torch.manual_seed(seed)
     tokens = ProtocolTokens(tokenizer, max_obs_tokens)
-    gen = HFGenerator(model, tokenizer, temperature=1.0, stop_strings=(), decoder=decoder)
+    gen = HFGenerator(model, tokenizer, sampling=Sampling(temperature=1.0), decoder=decoder)
     contexts = [tokens.prompt(build_prompt(q.question)) for q in questions]
     active = list(range(len(questions)))
     sampled = useful = 0
@@ -137,11 +138,7 @@ def zerosearch_loop(
 def _with_decoder(generator, decoder: str):
     from zerosim.core.generation import HFGenerator
 
-    g = generator
-    return HFGenerator(
-        g.model, g.tokenizer, temperature=g.temperature, top_p=g.top_p, stop_strings=g.stop_strings,
-        eos_token_ids=sorted(g.eos_token_ids), decoder=decoder,
-    )  # fmt: skip
+    return HFGenerator(generator.model, generator.tokenizer, sampling=generator.sampling, decoder=decoder)
 
 
 def main() -> None:

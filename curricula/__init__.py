@@ -17,9 +17,12 @@ from curricula.schedules import (
     NoiseSchedule,
     StepSchedule,
     build_schedule,
+    curriculum_adds_noise,
     curriculum_schedule,
     describe_curve,
+    describe_noise,
     mean_probability,
+    noise_bounds,
 )
 
 __all__ = [
@@ -36,9 +39,12 @@ __all__ = [
     "NoiseSchedule",
     "StepSchedule",
     "build_schedule",
+    "curriculum_adds_noise",
     "curriculum_schedule",
     "describe_curve",
+    "describe_noise",
     "mean_probability",
+    "noise_bounds",
     "draw_noise",
     "search_source",
     "trajectory_noise",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from zerosim.core.config import ConfigError, ranged
+from zerosim.core.engine_names import EngineName
 
 
 class ScheduleName(StrEnum):
@@ -26,13 +27,9 @@ class Granularity(StrEnum):
     document = "document"
 
 
-class RealEngine(StrEnum):
-    """``search.mixed.real``: the real retriever beside the simulator."""
-
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
-    http = "http"
+# ``search.mixed.real``: the real retriever beside the simulator — any of ``EngineName``'s real ones, so that a new
+# retriever is a choice here too
+RealEngine = StrEnum("RealEngine", {e.name: e.value for e in EngineName if e.real})
 
 
 class ShareSchedule(StrEnum):

@@ -162,6 +162,26 @@ class ConstantSchedule:
         return self.p
 
 
+def noise_bounds(schedule: str, p_start: float, p_end: float) -> tuple[float, float]:
+    """Where ``schedule``'s noise probability starts and where it heads: ``constant`` holds ``p_end``
+    throughout (its ``p_start`` is unused); every other schedule moves from ``p_start`` to ``p_end`` (adaptive:
+    within the two)."""
+    return (p_end, p_end) if schedule == ScheduleName.constant else (p_start, p_end)
+
+
+def curriculum_adds_noise(c: CurriculumConfig) -> bool:
+    """Whether ``curriculum.*`` can ask for noisy documents at some step (p > 0)."""
+    return max(noise_bounds(c.schedule, c.p_start, c.p_end)) > 0
+
+
+def describe_noise(c: CurriculumConfig) -> str:
+    """``curriculum.*``'s noise in a few words: ``noise 0->0.5 exponential``, or ``noise 0.5`` (constant)."""
+    start, end = noise_bounds(c.schedule, c.p_start, c.p_end)
+    if c.schedule == ScheduleName.constant:
+        return f"noise {end:g}"
+    return f"noise {start:g}->{end:g} {c.schedule}"
+
+
 def build_schedule(
     name: str,
     *,
@@ -185,7 +205,8 @@ def build_schedule(
     if name == "step":
         return StepSchedule(p_start=p_start, p_end=p_end, total_steps=total_steps, stages=stages)
     if name == "constant":
-        return ConstantSchedule(p=p_end)
+        p, _ = noise_bounds(name, p_start, p_end)
+        return ConstantSchedule(p=p)
     if name == "adaptive":
         return AdaptiveSchedule(
             p_start=p_start,

@@ -44,6 +44,7 @@ from zerosim.core.inference import (
 )
 from zerosim.core.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
 from zerosim.core.models import encode_chat_prompt
+from zerosim.core.sampling import Sampling
 from zerosim.core.search import Document, SearchEngine, SearchRequest, format_documents
 
 DIRECT_PROMPT = (
@@ -252,13 +253,14 @@ def release_policy(policy: Any, backend: Generation) -> None:
 def policy_generator(cfg: HarnessConfig, policy: Any, tokenizer, stop_strings: Sequence[str]):
     """The batched generator over ``policy`` (what :func:`load_policy` returned, for ``cfg.generation``):
     sampling as ``cfg.rollout`` says (greedy at temperature 0), stopping at ``stop_strings`` or EOS."""
-    options = dict(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stop_strings=stop_strings)
+    # the seed draws for vLLM and a served policy; transformers draws from torch's RNG
+    sampling = Sampling.of(cfg.rollout, stop_strings=stop_strings, seed=cfg.seed)
     backend = generation_backend(cfg)
     if backend == Generation.vllm:
-        return OfflineVLLMGenerator(policy, tokenizer, seed=cfg.seed, **options)
+        return OfflineVLLMGenerator(policy, tokenizer, sampling=sampling)
     if backend == Generation.server:
-        return ServedGenerator(policy, tokenizer, seed=cfg.seed, **options)
-    return HFGenerator(policy, tokenizer, **options)
+        return ServedGenerator(policy, tokenizer, sampling=sampling)
+    return HFGenerator(policy, tokenizer, sampling=sampling)
 
 
 class Evaluator:

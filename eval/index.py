@@ -42,6 +42,7 @@ from eval.index_errors import (
     rebuild_index_command,
     recorded_source,
 )
+from zerosim.core.engine_names import EngineName
 from zerosim.core.fsutil import atomic_directory
 from zerosim.core.search import Document, SearchEngine
 
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 EMBEDDINGS = "embeddings.f32"
 MANIFEST_FORMAT = 2  # 2: adds "checksum"; format 1 indexes still load (their passages are verified)
-KINDS = ("bm25", "dense")
+KINDS = tuple(e.value for e in EngineName if e.index_kind)  # ("bm25", "dense"): an index of its own kind
 _HASH_BLOCK = 1 << 20
 
 
@@ -338,7 +339,7 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
     if manifest["format"] >= 2:
         checksum = manifest.get("checksum")
         if checksum != manifest_checksum(manifest):
-            section = {k: v for k, v in manifest.items() if k in ("bm25", "dense")}
+            section = {k: v for k, v in manifest.items() if k in KINDS}
             raise damaged_index_error(
                 index_dir,
                 manifest,

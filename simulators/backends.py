@@ -31,6 +31,7 @@ import torch
 from zerosim.core.generation import HFGenerator
 from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
 from zerosim.core.models import encode_chat_prompt, format_chat_prompt
+from zerosim.core.sampling import Sampling
 from zerosim.core.search import SearchError
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,7 @@ class TransformersBackend:
         with self._lock, torch.random.fork_rng(devices=_rng_devices()):
             # a private RNG stream: same prompts + same seed -> same text, and the caller's RNG is untouched
             torch.manual_seed(seed % 2**63)
-            self.generator.temperature = temperature
-            self.generator.top_p = top_p
+            self.generator.sampling = Sampling(temperature=temperature, top_p=top_p)
             outputs = self.generator.generate(encoded, max_new_tokens)
         if len(outputs) != len(prompts):
             raise SearchError(f"generate returned {len(outputs)} outputs for {len(prompts)} prompts")

@@ -12,6 +12,7 @@ import torch
 from zerosim.core.decode import ATTENTION, gqa_sdpa_attention, supports_fast_decode
 from zerosim.core.generation import HFGenerator
 from zerosim.core.models import load_causal_lm
+from zerosim.core.sampling import GREEDY, Sampling
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,8 @@ def test_grouped_query_attention_equals_sdpa_over_repeated_heads():
 
 def test_greedy_batch_gives_the_tokens_of_generate_and_teacher_forced_logprobs(model, tokenizer):
     prompts = prompts_of(tokenizer, 6)  # ragged: left padding, rows of different lengths
-    fast = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 12)
-    slow = HFGenerator(model, tokenizer, temperature=0.0, decoder="transformers").generate(prompts, 12)
+    fast = HFGenerator(model, tokenizer, sampling=GREEDY).generate(prompts, 12)
+    slow = HFGenerator(model, tokenizer, sampling=GREEDY, decoder="transformers").generate(prompts, 12)
     assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
     for prompt, g, s in zip(prompts, fast, slow, strict=True):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(s.logprobs), atol=1e-4, rtol=0)
@@ -70,7 +71,7 @@ def test_sampling_one_prompt_gives_the_tokens_of_generate_for_the_same_seed(mode
     out = {}
     for decoder in ("zerosim", "transformers"):
         torch.manual_seed(7)
-        gen = HFGenerator(model, tokenizer, temperature=0.9, top_p=top_p, decoder=decoder)
+        gen = HFGenerator(model, tokenizer, sampling=Sampling(temperature=0.9, top_p=top_p), decoder=decoder)
         out[decoder] = gen.generate(prompt, 16)[0]
     assert out["zerosim"].token_ids == out["transformers"].token_ids
     torch.testing.assert_close(
@@ -80,12 +81,13 @@ def test_sampling_one_prompt_gives_the_tokens_of_generate_for_the_same_seed(mode
 
 def test_rows_stop_on_the_token_that_completes_a_stop_string_and_leave_the_batch(model, tokenizer):
     prompts = prompts_of(tokenizer, 6)
-    free = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 16)
+    free = HFGenerator(model, tokenizer, sampling=GREEDY).generate(prompts, 16)
     # a stop string some rows write early and others later or never: the text of row 0's 4th token
     stop = tokenizer.decode(free[0].token_ids[3:4])
     assert stop.strip()
-    fast = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop]).generate(prompts, 16)
-    slow = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop], decoder="transformers")
+    sampling = Sampling(temperature=0.0, stop_strings=[stop])
+    fast = HFGenerator(model, tokenizer, sampling=sampling).generate(prompts, 16)
+    slow = HFGenerator(model, tokenizer, sampling=sampling, decoder="transformers")
     slow = slow.generate(prompts, 16)
     assert [(g.token_ids, g.finish) for g in fast] == [(g.token_ids, g.finish) for g in slow]
     assert fast[0].finish == "stop" and len(fast[0].token_ids) <= 4
@@ -104,13 +106,13 @@ def test_a_multi_turn_context_continues_from_the_stored_prefix(model, tokenizer)
         lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].numel()), with_kwargs=True
     )
     try:
-        reuse = HFGenerator(model, tokenizer, temperature=0.0)
+        reuse = HFGenerator(model, tokenizer, sampling=GREEDY)
         first = reuse.generate(prompts, 8)
         turn2 = [p + g.token_ids + observation for p, g in zip(prompts, first, strict=True)]
         fed.clear()
         second = reuse.generate(turn2, 8)
         prefilled = fed[0]
-        fresh = HFGenerator(model, tokenizer, temperature=0.0, reuse_prefix=False).generate(turn2, 8)
+        fresh = HFGenerator(model, tokenizer, sampling=GREEDY, reuse_prefix=False).generate(turn2, 8)
     finally:
         hook.remove()
     # every row's prompt and its first turn came from the store: at most the observation and the one
@@ -126,7 +128,7 @@ def test_a_multi_turn_context_continues_from_the_stored_prefix(model, tokenizer)
 
 def test_the_stored_prefix_is_dropped_when_the_weights_change(model, tokenizer):
     prompts = prompts_of(tokenizer, 2)
-    gen = HFGenerator(model, tokenizer, temperature=0.0)
+    gen = HFGenerator(model, tokenizer, sampling=GREEDY)
     first = gen.generate(prompts, 6)
     assert gen.store.rows
     turn2 = [p + g.token_ids for p, g in zip(prompts, first, strict=True)]
@@ -136,7 +138,7 @@ def test_the_stored_prefix_is_dropped_when_the_weights_change(model, tokenizer):
         weight.mul_(1.5)  # an optimizer step: in place, the version counter moves
     try:
         second = gen.generate(turn2, 6)
-        fresh = HFGenerator(model, tokenizer, temperature=0.0, reuse_prefix=False).generate(turn2, 6)
+        fresh = HFGenerator(model, tokenizer, sampling=GREEDY, reuse_prefix=False).generate(turn2, 6)
     finally:
         with torch.no_grad():
             weight.copy_(saved)
@@ -150,7 +152,7 @@ def test_a_batch_invariant_call_writes_for_each_prompt_what_a_call_with_that_pro
 ):
     """Bit for bit: the same tokens and the same log-probs, whatever else is in the batch."""
     prompts = prompts_of(tokenizer, 6)
-    gen = HFGenerator(model, tokenizer, temperature=0.0, batch_invariant=True)
+    gen = HFGenerator(model, tokenizer, sampling=GREEDY, batch_invariant=True)
     assert gen.store is None  # a reused prefix was computed in another batch: not invariant
     batched = gen.generate(prompts, 20)
     for prompt, together in zip(prompts, batched, strict=True):
@@ -171,10 +173,7 @@ def test_batch_invariance_holds_across_forward_chunks(model, tokenizer):
     prompts = prompts_of(tokenizer, 5)
     from zerosim.core.decode import decode_invariant
 
-    options = dict(
-        temperature=0.0, top_p=1.0, eos_token_ids=frozenset([tokenizer.eos_token_id]), stop_strings=(),
-        pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    options = dict(sampling=GREEDY, pad_token_id=tokenizer.pad_token_id)
     from zerosim.core.decode import attention_implementation, register_attention
 
     with attention_implementation(model, register_attention()):
@@ -194,13 +193,13 @@ def test_the_prefix_every_prompt_shares_is_encoded_once(model, tokenizer):
         lambda _m, _a, kwargs: fed.append(kwargs["input_ids"].numel()), with_kwargs=True
     )
     try:
-        fast = HFGenerator(model, tokenizer, temperature=0.0).generate(prompts, 8)
+        fast = HFGenerator(model, tokenizer, sampling=GREEDY).generate(prompts, 8)
     finally:
         hook.remove()
     # the shared prefix once, then only what follows it for each row (padded to the longest)
     assert fed[0] == shared
     assert fed[1] == len(prompts) * (max(map(len, prompts)) - shared)
-    slow = HFGenerator(model, tokenizer, temperature=0.0, decoder="transformers").generate(prompts, 8)
+    slow = HFGenerator(model, tokenizer, sampling=GREEDY, decoder="transformers").generate(prompts, 8)
     assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
     for prompt, g in zip(prompts, fast, strict=True):
         torch.testing.assert_close(

@@ -14,6 +14,60 @@ def test_every_engine_has_a_preflight_and_a_builder():
     assert set(ENGINES) == set(EngineName)
 
 
+REAL = ["bm25", "dense", "hybrid", "http"]
+
+
+def test_the_engine_choices_are_derived_from_engine_name():
+    """``EngineName`` is the one list of engines: a new retriever among its real ones is a choice of
+    ``validation.engine`` and ``search.mixed.real``; a new index kind is one ``zerosim index build`` writes and an
+    experiment report fingerprints. Each assertion names where a new engine would be missing."""
+    from curricula.config import RealEngine
+    from eval.index import KINDS
+    from zerosim.core.engine_names import EngineName as Source
+    from zerosim.training.config import ValidationEngine
+
+    assert EngineName is Source  # zerosim.engines re-exports the foundation's enum
+    real = [e.value for e in EngineName if e.real]
+    assert real == REAL, "EngineName.real"
+    assert [e.value for e in ValidationEngine] == ["train", "simulator", *real], "validation.engine"
+    assert [e.name for e in ValidationEngine] == [e.value for e in ValidationEngine]
+    assert [e.value for e in RealEngine] == real, "search.mixed.real"
+    assert list(KINDS) == [e.value for e in EngineName if e.index_kind] == ["bm25", "dense"], (
+        "eval.index.KINDS"
+    )
+    indexed = [e.value for e in EngineName if e.indexed]
+    assert indexed == [*KINDS, "hybrid"], "EngineName.indexed: the index kinds and hybrid, which fuses them"
+    assert set(indexed) <= set(real) and {e.value for e in EngineName if e.simulated} == {
+        "simulator",
+        "mixed",
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "valid"),
+    [
+        ("validation.engine=mixed", "train, simulator, bm25, dense, hybrid, http"),
+        ("search.mixed.real=simulator", "bm25, dense, hybrid, http"),
+    ],
+)
+def test_a_derived_engine_choice_refuses_as_before(override, valid):
+    key, _, value = override.partition("=")
+    with pytest.raises(ConfigError) as refused:
+        load_train_config(None, [override])
+    assert str(refused.value) == (
+        f"config key '{key}' is '{value}'; valid values: {valid} (set by override '{override}')"
+    )
+
+
+def test_a_derived_engine_choice_reads_as_its_string():
+    cfg = load_train_config(
+        None, ["validation.engine=hybrid", "search.engine=mixed", "search.mixed.real=http"]
+    )
+    assert cfg.validation.engine == "hybrid" and str(cfg.validation.engine) == "hybrid"
+    assert type(cfg.validation.engine).__name__ == "ValidationEngine"
+    assert cfg.search.mixed.real == "http" and f"{cfg.search.mixed.real}" == "http"
+
+
 BAD = [
     pytest.param(["search.engine=bm25", "search.bm25.corpus={tmp}/nope.jsonl"], id="bm25-missing-corpus"),
     pytest.param(["search.engine=dense", "search.dense.index_dir={tmp}/nope"], id="dense-missing-index"),

@@ -16,6 +16,7 @@ from zerosim.core.config import ConfigError, load_config
 from zerosim.core.data.qa import QAExample
 from zerosim.core.generation import HFGenerator
 from zerosim.core.inference import CompletionsServer
+from zerosim.core.sampling import Sampling
 from zerosim.core.search import Document
 from zerosim.job_config import EvalConfig
 
@@ -137,9 +138,7 @@ class FakeVLLM:
                 generator = HFGenerator(
                     fake.model,
                     fake.tokenizer,
-                    temperature=0.0,
-                    stop_strings=p.stop,
-                    eos_token_ids=p.stop_token_ids,
+                    sampling=Sampling(temperature=0.0, stop_strings=p.stop, eos_token_ids=p.stop_token_ids),
                 )
                 rows = generator.generate([q["prompt_token_ids"] for q in prompts], p.max_tokens)
                 return [

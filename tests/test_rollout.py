@@ -8,6 +8,7 @@ from curricula import ConstantSchedule, CurriculumNoise
 from zerosim.agent.protocol import parse_action
 from zerosim.agent.rollout import INVALID_ACTION, RolloutConfig, SearchRollout, build_prompt
 from zerosim.core.generation import Generation, HFGenerator
+from zerosim.core.sampling import GREEDY, Sampling
 from zerosim.core.search import Document, SearchError
 
 TURN_TEXTS = [
@@ -228,7 +229,7 @@ def test_hf_generator_stops_at_stop_string(tokenizer):
             logits = [torch.nn.functional.one_hot(new[:, i], len(tokenizer)).float() * 10 for i in range(n)]
             return SimpleNamespace(sequences=torch.cat([input_ids, new], 1), logits=logits)
 
-    gen = HFGenerator(Echo(), tokenizer, temperature=1.0, stop_strings=["</answer>"])
+    gen = HFGenerator(Echo(), tokenizer, sampling=Sampling(temperature=1.0, stop_strings=["</answer>"]))
     (out,) = gen.generate([[1, 2, 3]], 20)
     assert tokenizer.decode(out.token_ids).endswith("</answer>") and out.finish == "stop"
     assert len(out.logprobs) == len(out.token_ids)
@@ -255,10 +256,11 @@ def test_stop_criterion_is_built_once_per_tokenizer(tiny_model_dir, tokenizer, m
     model = load_causal_lm(str(tiny_model_dir), "float32")
     # a stop string the tiny model writes at once: its first sampled token's text
     torch.manual_seed(0)
-    probe = HFGenerator(model, tokenizer, temperature=0.0).generate([[1, 2, 3]], 1)[0]
+    probe = HFGenerator(model, tokenizer, sampling=GREEDY).generate([[1, 2, 3]], 1)[0]
     stop = tokenizer.decode(probe.token_ids).strip() or tokenizer.decode(probe.token_ids)
+    sampling = Sampling(temperature=0.0, stop_strings=[stop])
     for _ in range(3):  # e.g. one generator per training step
-        gen = HFGenerator(model, tokenizer, temperature=0.0, stop_strings=[stop], decoder="transformers")
+        gen = HFGenerator(model, tokenizer, sampling=sampling, decoder="transformers")
         (out,) = gen.generate([[1, 2, 3]], 8)
         assert out.finish == "stop" and len(out.token_ids) == 1
     assert len(built) == 1

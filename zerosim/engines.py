@@ -5,43 +5,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from curricula.config import CurriculumConfig, MixedConfig
+from curricula.schedules import curriculum_adds_noise
 from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
 from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url, ranged
+from zerosim.core.engine_names import EngineName
 from zerosim.core.http.client import HTTPConfig, Negatives
 from zerosim.core.models import describe_model
 from zerosim.core.search import SearchEngine
-
-
-class EngineName(StrEnum):
-    """``search.engine``: what answers the policy's searches."""
-
-    simulator = "simulator"
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
-    http = "http"
-    mixed = "mixed"
-
-    @property
-    def real(self) -> bool:
-        """A retriever over a corpus (bm25, dense, hybrid, http): what evaluation searches with."""
-        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid, EngineName.http)
-
-    @property
-    def simulated(self) -> bool:
-        """The simulator writes (some of) the documents: simulator, mixed."""
-        return self in (EngineName.simulator, EngineName.mixed)
-
-    @property
-    def indexed(self) -> bool:
-        """A retriever over an index this process loads (bm25, dense, hybrid): its noisy slots are filled here,
-        with corpus negatives (``search.negatives``); over http the server behind the URL fills them."""
-        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid)
 
 
 @dataclass
@@ -76,13 +50,6 @@ def rerank_refusal(prefix: str = "search.") -> str:
         f"(the simulator writes its documents). Fix: set {prefix}rerank.model=null, or {prefix}engine="
         "bm25|dense|hybrid|http (or mixed: its real part is reranked)"
     )
-
-
-def curriculum_adds_noise(curriculum: CurriculumConfig) -> bool:
-    """Whether ``curriculum`` can ask for noisy documents at some step (p > 0)."""
-    if curriculum.schedule == "constant":  # p_end throughout
-        return curriculum.p_end > 0
-    return max(curriculum.p_start, curriculum.p_end) > 0
 
 
 def real_part(cfg: SearchConfig) -> SearchConfig:

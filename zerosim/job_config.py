@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from eval.config import HarnessConfig
 from simulators.config import CollectConfig
-from zerosim.core.config import ConfigError
+from zerosim.core.tracking import refuse_log_model
 from zerosim.engines import EngineName, SearchConfig
 
 
@@ -22,12 +22,12 @@ class EvalConfig(HarnessConfig):
 
     def validate(self, prefix: str) -> None:
         """An evaluation trains nothing, so it has no model of its own to log (``tracking.log_model``)."""
-        if self.tracking.log_model:
-            raise ConfigError(
-                f"{prefix}tracking.log_model=true: an evaluation trains no model, so it has none to log; set "
-                "tracking.log_model=true on the training job (zerosim train, zerosim simulator train) that "
-                f"writes the policy, and {prefix}tracking.log_model=false here"
-            )
+        refuse_log_model(
+            self.tracking,
+            prefix,
+            job="an evaluation",
+            trainer="the training job (zerosim train, zerosim simulator train) that writes the policy",
+        )
 
 
 @dataclass

@@ -37,6 +37,7 @@ from zerosim.core.distributed import SingleProcess
 from zerosim.core.generation import Generation, HFGenerator
 from zerosim.core.metrics import exact_match, f1_score
 from zerosim.core.models import encode_chat_prompt
+from zerosim.core.sampling import Sampling
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 
@@ -217,10 +218,7 @@ class SearchRollout:
         return HFGenerator(
             model,
             self.tokenizer,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            stop_strings=STOP_STRINGS,
-            eos_token_ids=self.eos_ids,
+            sampling=Sampling.of(self.config, stop_strings=STOP_STRINGS, eos_token_ids=self.eos_ids),
             collective=collective,
         )
 

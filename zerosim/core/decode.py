@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
+from zerosim.core.sampling import Sampling
+
 ATTENTION = "zerosim_sdpa"
 _registered = False
 
@@ -269,10 +271,7 @@ def decode(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
-    temperature: float,
-    top_p: float,
-    eos_token_ids: frozenset[int],
-    stop_strings: Sequence[str],
+    sampling: Sampling,
     pad_token_id: int,
     logprobs: bool = True,
     store: PrefixStore | None = None,
@@ -283,6 +282,8 @@ def decode(
     once its padding is removed. With a ``store``, each prompt's longest prefix shared with a row of the
     previous call is taken from its cache, and the rows of this call are stored for the next.
     """
+    temperature, top_p, stop_strings = sampling.temperature, sampling.top_p, sampling.stop_strings
+    eos_token_ids = sampling.eos_ids(tokenizer)
     device = next(model.parameters()).device
     n = len(prompts)
     width = max(len(p) for p in prompts)
@@ -427,10 +428,7 @@ def decode_invariant(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
-    temperature: float,
-    top_p: float,
-    eos_token_ids: frozenset[int],
-    stop_strings: Sequence[str],
+    sampling: Sampling,
     pad_token_id: int,
     logprobs: bool = True,
     rows_per_forward: int = 16,
@@ -448,17 +446,17 @@ def decode_invariant(
     for start in range(0, len(prompts), rows_per_forward):
         chunk = prompts[start : start + rows_per_forward]
         out += _decode_rows_alone(
-            model, tokenizer, chunk, max_new_tokens, rows_per_forward, temperature=temperature, top_p=top_p,
-            eos_token_ids=eos_token_ids, stop_strings=stop_strings, pad_token_id=pad_token_id,
-            logprobs=logprobs,
+            model, tokenizer, chunk, max_new_tokens, rows_per_forward, sampling=sampling,
+            pad_token_id=pad_token_id, logprobs=logprobs,
         )  # fmt: skip
     return out
 
 
 def _decode_rows_alone(
-    model, tokenizer, prompts, max_new_tokens, width_rows, *, temperature, top_p, eos_token_ids,
-    stop_strings, pad_token_id, logprobs,
-):  # fmt: skip
+    model, tokenizer, prompts, max_new_tokens, width_rows, *, sampling: Sampling, pad_token_id, logprobs
+):
+    temperature, top_p, stop_strings = sampling.temperature, sampling.top_p, sampling.stop_strings
+    eos_token_ids = sampling.eos_ids(tokenizer)
     device = next(model.parameters()).device
     n = len(prompts)
     layers = model.config.get_text_config(decoder=True).num_hidden_layers

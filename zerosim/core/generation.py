@@ -31,6 +31,7 @@ from zerosim.core.decode import (
     register_attention,
     supports_fast_decode,
 )
+from zerosim.core.sampling import DEFAULT_SAMPLING, Sampling
 
 DECODERS = ("zerosim", "transformers")  # zerosim.core.decode's loop | transformers generate
 
@@ -69,10 +70,7 @@ class HFGenerator:
         model,
         tokenizer,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_strings: Sequence[str] = (),
-        eos_token_ids: Sequence[int] | None = None,
+        sampling: Sampling = DEFAULT_SAMPLING,
         logprobs: bool = True,
         collective: bool = False,
         decoder: str = "zerosim",
@@ -93,15 +91,15 @@ class HFGenerator:
         self.collective = collective  # transformers syncs decoding steps across ranks (ZeRO-3 / FSDP)
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer
-        self.temperature = temperature
-        self.top_p = top_p
-        self.stop_strings = tuple(stop_strings)
-        if eos_token_ids is None:
-            eos_token_ids = [tokenizer.eos_token_id]
-        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids if t is not None)
+        self.sampling = sampling  # a caller may set another between calls (the simulator: per request)
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The token ids a row ends at (:meth:`Sampling.eos_ids`)."""
+        return self.sampling.eos_ids(self.tokenizer)
 
     def idle(self, max_new_tokens: int) -> None:
         """Take part in a collective turn with nothing to generate (a one-token dummy row)."""
@@ -113,9 +111,7 @@ class HFGenerator:
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, width: int | None = None
     ) -> list[Generation]:
         """Continue each token-id prompt by at most ``max_new_tokens`` tokens (``width``: unused here)."""
-        if not prompts:
-            return []
-        if max_new_tokens < 1:
+        if not prompts or max_new_tokens < 1:  # nothing to write: no rows, or an empty one per prompt
             return [Generation([], [], "length") for _ in prompts]
         if self.decoder == "zerosim":
             return self._decode(prompts, max_new_tokens)
@@ -129,7 +125,7 @@ class HFGenerator:
                 attention[row, width - len(ids) :] = 1
         from transformers import StoppingCriteriaList
 
-        sample = self.temperature > 0
+        s = self.sampling
         was_training = self.model.training
         self.model.eval()
         try:
@@ -137,13 +133,13 @@ class HFGenerator:
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 max_new_tokens=max_new_tokens,
-                do_sample=sample,
-                temperature=self.temperature if sample else None,
-                top_p=self.top_p if sample else None,
+                do_sample=s.sampled,
+                temperature=s.temperature if s.sampled else None,
+                top_p=s.top_p if s.sampled else None,
                 top_k=None,
                 stopping_criteria=(
-                    StoppingCriteriaList([stop_criterion(self.tokenizer, self.stop_strings)])
-                    if self.stop_strings
+                    StoppingCriteriaList([stop_criterion(self.tokenizer, s.stop_strings)])
+                    if s.stop_strings
                     else None
                 ),
                 eos_token_id=sorted(self.eos_token_ids),
@@ -158,7 +154,7 @@ class HFGenerator:
         if not self.logprobs:
             zeros = [0.0] * new_tokens.shape[1]
             return [self._cut(new_tokens[row].tolist(), zeros) for row in range(len(prompts))]
-        scale = self.temperature if sample else 1.0
+        scale = s.temperature if s.sampled else 1.0
         # One (batch,) gather per position keeps memory at batch x vocab instead of steps x batch x vocab.
         token_logps = torch.stack(
             [
@@ -175,14 +171,7 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            options = dict(
-                temperature=self.temperature,
-                top_p=self.top_p,
-                eos_token_ids=self.eos_token_ids,
-                stop_strings=self.stop_strings,
-                pad_token_id=self.pad_token_id,
-                logprobs=self.logprobs,
-            )
+            options = dict(sampling=self.sampling, pad_token_id=self.pad_token_id, logprobs=self.logprobs)
             with attention_implementation(self.model, register_attention()):
                 if self.batch_invariant:
                     rows = decode_invariant(self.model, self.tokenizer, prompts, max_new_tokens, **options)
@@ -195,7 +184,7 @@ class HFGenerator:
         return [self._cut(ids, logps) for ids, logps in rows]
 
     def _cut(self, ids: list[int], logps: list[float]) -> Generation:
-        return cut_at_stop(ids, logps, self.tokenizer, self.stop_strings, self.eos_token_ids)
+        return cut_at_stop(ids, logps, self.tokenizer, self.sampling.stop_strings, self.eos_token_ids)
 
 
 def cut_at_stop(

@@ -25,6 +25,7 @@ import torch
 
 from zerosim.core.generation import Generation, cut_at_stop
 from zerosim.core.http.retry import Retryable, RetryingClient, RetryPolicy
+from zerosim.core.sampling import GREEDY, Sampling
 from zerosim.core.search import SearchError
 
 
@@ -55,73 +56,74 @@ def release_vllm(llm) -> None:
         torch.cuda.empty_cache()
 
 
-def _sampling(gen, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed) -> None:
-    """The settings both generators hold: sampling, the stop strings, and the EOS ids a row is cut at."""
-    gen.tokenizer = tokenizer
-    gen.temperature, gen.top_p, gen.seed = temperature, top_p, seed
-    gen.stop_strings = tuple(stop_strings)
-    eos = [tokenizer.eos_token_id] if eos_token_ids is None else eos_token_ids
-    gen.eos_token_ids = frozenset(int(t) for t in eos if t is not None)
+def vllm_settings(sampling: Sampling, max_new_tokens: int) -> dict[str, Any]:
+    """``sampling`` as vLLM takes it, in ``SamplingParams`` and in a ``/v1/completions`` request alike: the stop
+    strings kept in the output (what the HF path keeps: the turn ends with its ``</search>``); greedy at
+    temperature 0, where top-p and the seed do not apply."""
+    settings: dict[str, Any] = {
+        "max_tokens": max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p if sampling.sampled else 1.0,
+        "stop": list(sampling.stop_strings),
+        "include_stop_str_in_output": True,
+    }
+    if sampling.seed is not None and sampling.sampled:
+        settings["seed"] = sampling.seed
+    return settings
 
 
-class OfflineVLLMGenerator:
-    """Batched generation with an in-process ``vllm.LLM``: one ``LLM.generate`` per call, prompts as token
-    ids (``TokensPrompt`` dicts, as TRL passes them), vLLM's ``stop`` strings kept in the output and each row
-    cut at its first stop or EOS here. Greedy at temperature 0. No log-probs (zeros)."""
+class _Batched:
+    """What both generators share: the sampling, the tokenizer, and a row cut at its first stop or EOS."""
 
     collective = False
 
-    def __init__(
-        self,
-        llm,
-        tokenizer,
-        *,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop_strings: Sequence[str] = (),
-        eos_token_ids: Sequence[int] | None = None,
-        seed: int | None = None,
-    ):
-        self.llm = llm
-        _sampling(self, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed)
+    def __init__(self, tokenizer, sampling: Sampling):
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.eos_token_ids = sampling.eos_ids(tokenizer)
 
     def idle(self, max_new_tokens: int) -> None:
-        """Nothing to take part in: one process, one engine."""
-
-    def sampling_params(self, max_new_tokens: int):
-        from vllm import SamplingParams
-
-        sample = self.temperature > 0
-        return SamplingParams(
-            n=1,
-            temperature=self.temperature,
-            top_p=self.top_p if sample else 1.0,
-            seed=self.seed if sample else None,
-            max_tokens=max_new_tokens,
-            stop=list(self.stop_strings),
-            include_stop_str_in_output=True,  # what the HF path keeps: the turn ends with its </search>
-            stop_token_ids=sorted(self.eos_token_ids),
-        )
+        """Nothing to take part in: each call is served on its own."""
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, width: int | None = None
     ) -> list[Generation]:
         """Continue each token-id prompt by at most ``max_new_tokens`` tokens (``width``: unused here)."""
-        if not prompts:
-            return []
-        if max_new_tokens < 1:
+        if not prompts or max_new_tokens < 1:  # nothing to write: no rows, or an empty one per prompt
             return [Generation([], [], "length") for _ in prompts]
+        return self._generate(prompts, max_new_tokens)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
+        raise NotImplementedError
+
+    def _cut(self, ids: list[int]) -> Generation:
+        """``ids`` cut at the first stop or EOS, with zero log-probs (evaluation needs none)."""
+        return cut_at_stop(
+            ids, [0.0] * len(ids), self.tokenizer, self.sampling.stop_strings, self.eos_token_ids
+        )
+
+
+class OfflineVLLMGenerator(_Batched):
+    """Batched generation with an in-process ``vllm.LLM``: one ``LLM.generate`` per call, prompts as token
+    ids (``TokensPrompt`` dicts, as TRL passes them), vLLM's ``stop`` strings kept in the output and each row
+    cut at its first stop or EOS here. Greedy at temperature 0. No log-probs (zeros)."""
+
+    def __init__(self, llm, tokenizer, *, sampling: Sampling = GREEDY):
+        super().__init__(tokenizer, sampling)
+        self.llm = llm
+
+    def sampling_params(self, max_new_tokens: int):
+        from vllm import SamplingParams
+
+        settings = vllm_settings(self.sampling, max_new_tokens)
+        return SamplingParams(n=1, **settings, stop_token_ids=sorted(self.eos_token_ids))
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, self.sampling_params(max_new_tokens), use_tqdm=False)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        rows = []
-        for out in outputs:
-            ids = [int(t) for t in out.outputs[0].token_ids]
-            rows.append(
-                cut_at_stop(ids, [0.0] * len(ids), self.tokenizer, self.stop_strings, self.eos_token_ids)
-            )
-        return rows
+        return [self._cut([int(t) for t in out.outputs[0].token_ids]) for out in outputs]
 
 
 class CompletionsServer:
@@ -194,7 +196,7 @@ def completion_choices(data: Any, n_prompts: int) -> list[tuple[str, str | None]
     return [c for c in out if c is not None]
 
 
-class ServedGenerator:
+class ServedGenerator(_Batched):
     """Batched generation through a :class:`CompletionsServer`: each turn's contexts go as text in ONE request
     (decoded with their special tokens, as a ``/v1/completions`` client sends formatted prompts), with the stop
     strings (vLLM ends there and keeps them: ``include_stop_str_in_output``); the answer is tokenised again and
@@ -202,52 +204,22 @@ class ServedGenerator:
     turn. A choice that stopped without a stop string stopped at EOS: the EOS token, which the text leaves
     out, is put back. Greedy at temperature 0. No log-probs (zeros)."""
 
-    collective = False
-
-    def __init__(
-        self,
-        server: CompletionsServer,
-        tokenizer,
-        *,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop_strings: Sequence[str] = (),
-        eos_token_ids: Sequence[int] | None = None,
-        seed: int | None = None,
-    ):
-        for name, value in (("temperature", temperature), ("top_p", top_p)):
+    def __init__(self, server: CompletionsServer, tokenizer, *, sampling: Sampling = GREEDY):
+        for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p)):
             if not math.isfinite(value):  # JSON cannot carry it
                 raise ValueError(f"{name}={value} must be a finite number")
+        super().__init__(tokenizer, sampling)
         self.server = server
-        _sampling(self, tokenizer, temperature, top_p, stop_strings, eos_token_ids, seed)
 
-    def idle(self, max_new_tokens: int) -> None:
-        """Nothing to take part in: the server serves each request on its own."""
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, width: int | None = None
-    ) -> list[Generation]:
-        """Continue each token-id prompt by at most ``max_new_tokens`` tokens (``width``: unused here)."""
-        if not prompts:
-            return []
-        if max_new_tokens < 1:
-            return [Generation([], [], "length") for _ in prompts]
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
         texts = [self.tokenizer.decode(list(p), skip_special_tokens=False) for p in prompts]
-        settings: dict[str, Any] = {
-            "max_tokens": max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p if self.temperature > 0 else 1.0,
-            "stop": list(self.stop_strings),
-            "include_stop_str_in_output": True,
-            "add_special_tokens": False,  # vLLM: the text holds the chat template's own (a BOS among them)
-        }
-        if self.seed is not None and self.temperature > 0:
-            settings["seed"] = self.seed
+        # vLLM: the text holds the chat template's own special tokens (a BOS among them)
+        settings = {**vllm_settings(self.sampling, max_new_tokens), "add_special_tokens": False}
         rows = []
         for text, finish in self.server.complete(texts, settings):
             # the server's text, tokenised as any text is (the count may differ from the tokens it sampled)
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            row = cut_at_stop(ids, [0.0] * len(ids), self.tokenizer, self.stop_strings, self.eos_token_ids)
+            row = self._cut(ids)
             if row.finish == "length" and finish == "stop" and self.eos_token_ids:  # stopped at EOS
                 row = Generation(ids + [min(self.eos_token_ids)], [0.0] * (len(ids) + 1), "eos")
             rows.append(row)

@@ -33,6 +33,7 @@ from zerosim.agent.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, bu
 from zerosim.core.data.qa import QAExample
 from zerosim.core.distributed import TurnSync
 from zerosim.core.generation import HFGenerator
+from zerosim.core.sampling import Sampling
 from zerosim.core.search import SearchEngine
 from zerosim.training.config import ValidationConfig
 
@@ -120,9 +121,7 @@ class Validation(TrainerCallback):
         return HFGenerator(
             model,
             self.tokenizer,
-            temperature=0.0,
-            stop_strings=STOP_STRINGS,
-            eos_token_ids=[self.tokenizer.eos_token_id],
+            sampling=Sampling(temperature=0.0, stop_strings=STOP_STRINGS),
             logprobs=False,
             collective=synced_decoding(model, sync),
         )
