@@ -482,3 +482,20 @@ def test_stratified_sample_is_seeded_and_keeps_the_hop_shares():
     everything = load_qa(ensure_factbook().fact_test)
     share = Counter(r.metadata["hops"] for r in everything)[2] / len(everything)
     assert abs(Counter(r.metadata["hops"] for r in sample)[2] / 40 - share) <= 1 / 40
+
+
+def test_fact_dev_and_fact_tune_split_fact_train_by_country():
+    """The recipe sweep's dev set: fact-train's questions on ~12% of its countries; fact-tune the rest. No country
+    is shared by fact-tune, fact-dev and fact-test, and the two together are fact-train."""
+    from zerosim.core.data.embedded import load_questions
+
+    dev, tune = load_questions("factbook", "fact-dev"), load_questions("factbook", "fact-tune")
+    train, test = load_questions("factbook", "fact-train"), load_questions("factbook", "fact-test")
+
+    def countries(rows):
+        return {row.id.split("-")[0] for row in rows}
+
+    assert sorted(r.id for r in dev + tune) == sorted(r.id for r in train)
+    assert not countries(dev) & countries(tune) and not countries(dev) & countries(test)
+    assert 150 <= len(dev) <= 260
+    assert [r.id for r in load_questions("factbook", "fact-dev", limit=5)] == [r.id for r in dev[:5]]

@@ -796,3 +796,17 @@ def test_a_damaged_stage_record_is_refused_naming_the_file_and_the_fix(tmp_path,
         status(stage, tmp_path)
     assert str(stage.dir(tmp_path) / "stage.json") in str(refused.value)
     assert f"delete {stage.dir(tmp_path)} to run the stage again" in str(refused.value)
+
+
+def test_no_simulator_stages_when_no_arm_trains_against_one(tmp_path):
+    """A sweep over real retrievers (configs/experiments/recipe-sweep-cpu.yaml) builds no simulator: nothing reads
+    it, and it would cost most of the run."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    sweep = ROOT / "configs" / "experiments" / "recipe-sweep-cpu.yaml"
+    cfg = load_experiment(sweep, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"])
+    names = [s.name for s in build_stages(cfg, tmp_path / cfg.name)]
+    assert not [n for n in names if n.startswith("sim-")]
+    assert "warmstart" in names and "train-base-s0" in names and "eval-none-s0-bm25" in names
+    smoke = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"])
+    assert "sim-sft" in [s.name for s in build_stages(smoke, tmp_path / smoke.name)]  # its sim arm needs one

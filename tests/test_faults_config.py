@@ -109,8 +109,13 @@ def _range_cases():
                 yield pytest.param(schema, cls, name, key, integer, id=f"{schema.__name__}:{key}")
 
 
+# a setting that only means something beside another: the valid value is checked with it
+COMPANIONS = {"trainer.collapse_val_drop": ["validation.every=4"]}
+
+
 @pytest.mark.parametrize("schema, cls, name, key, integer", list(_range_cases()))
 def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, name, key, integer):
+    companions = COMPANIONS.get(key, [])
     for bad in _bad_values(_range(cls, name), integer):
         with pytest.raises(ConfigError) as err:
             load_config(None, [f"{key}={bad}"], schema=schema)
@@ -119,7 +124,7 @@ def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, 
         assert f"set by override '{key}={bad}'" in message, message
         fix = re.search(rf"set e\.g\. {re.escape(key)}=(\S+)", message)
         assert fix, message
-        load_config(None, [f"{key}={fix.group(1)}"], schema=schema)  # the suggested value is valid
+        load_config(None, [f"{key}={fix.group(1)}", *companions], schema=schema)  # the suggested value is valid
 
 
 def test_reward_weights_are_checked_per_metric():
@@ -225,6 +230,15 @@ TRAIN_DRY_RUN = [
     # an MLflow store that cannot be written: refused before the policy loads, not ~2 minutes in
     ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "folder /nonexistent/dir does not exist"]),
     ("mlflow-store-is-a-folder", ["tracking.tracking_uri=sqlite:////tmp"], ["tracking.tracking_uri", "is a folder"]),
+    # tried for real: root passes os.access everywhere, /proc too; a dead server answers nothing
+    ("mlflow-store-folder-unwritable", ["tracking.tracking_uri=sqlite:////proc/mlflow.db"], ["tracking.tracking_uri=sqlite:////proc/mlflow.db", "/proc is not writable"]),
+    ("mlflow-store-not-a-database", ["tracking.tracking_uri=sqlite:///{good.jsonl}"], ["tracking.tracking_uri", "good.jsonl is not an sqlite database"]),
+    ("mlflow-server-dead", ["tracking.tracking_uri=http://127.0.0.1:9"], ["tracking.tracking_uri=http://127.0.0.1:9", "no answer within 5s"]),
+    # factbook:SPLIT is the embedded split, as eval reads it: a second split, or one it has not, is refused
+    ("factbook-split-conflict", ["data.train=factbook:fact-train", "data.split=dev"], ["data.train=factbook:fact-train names split fact-train", "data.split=dev"]),
+    ("factbook-split-unknown", ["data.train=factbook:fact-trian"], ["data.train=factbook:fact-trian", "splits train, dev, test", "'fact-trian'"]),
+    ("warmstart-factbook-split-conflict", ["warmstart.enabled=true", "warmstart.data=factbook:dev", "warmstart.split=test"], ["warmstart.data=factbook:dev", "warmstart.split=test"]),
+    ("validation-factbook-split-conflict", ["validation.every=2", "validation.data=factbook:fact-test", "validation.split=test"], ["validation.data=factbook:fact-test", "validation.split=test"]),
     # item 8: values that used to pass --dry-run and die after the models loaded
     ("batch-size-0", ["trainer.per_device_train_batch_size=0"], ["trainer.per_device_train_batch_size", ">= 1", "got 0"]),
     ("learning-rate-negative", ["trainer.learning_rate=-1"], ["trainer.learning_rate must be > 0", "-1"]),
@@ -329,6 +343,11 @@ SMOKE = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
 # an experiment's inputs that only a later stage reads: refused by --dry-run and before the first stage
 EXPERIMENT_INPUTS = [
     ("eval-file-missing", ["eval.datasets=[flash/missing.jsonl]"], ["eval.datasets", "flash/missing.jsonl does not exist"]),
+    # held-out files read with eval's row checks; an empty list refused (it stopped the run after the warm start)
+    ("eval-datasets-empty", ["eval.datasets=[]"], ["eval.datasets is empty"]),
+    ("eval-file-repeated-id", ["eval.datasets=[{dupid.jsonl}]"], ["eval.datasets", "dupid.jsonl line 3", "question id '1' repeats the id of line 2"]),
+    ("eval-file-malformed-row", ["eval.datasets=[{badrow.jsonl}]"], ["eval.datasets", "badrow.jsonl line 3", "golden_answers"]),
+    ("eval-file-no-rows", ["eval.datasets=[{blank.jsonl}]"], ["blank.jsonl", "no rows to evaluate"]),
     ("eval-split-unknown", ["eval.split=validation"], ["eval.datasets", "splits train, dev, test", "'validation'"]),
     ("simulator-path-missing", ["simulator.model=./sims/none"], ["simulator.model", "./sims/none does not exist"]),
     ("resamples-0", ["report.resamples=0"], ["report.resamples must be >= 100", "got 0"]),
@@ -338,6 +357,9 @@ EXPERIMENT_INPUTS = [
     ("report-pair-not-a-pair", ["report.pairs=[sim]"], ["report.pairs entry 'sim'", "two different enabled arms"]),
     ("seed-negative", ["seeds=[0,-1]"], ["seeds[1] must be >= 0"]),
     ("mlflow-store-folder-missing", ["tracking.tracking_uri=sqlite:////nonexistent/dir/m.db"], ["tracking.tracking_uri", "does not exist"]),
+    ("mlflow-store-folder-unwritable", ["tracking.tracking_uri=sqlite:////proc/mlflow.db"], ["tracking.tracking_uri", "/proc is not writable"]),
+    ("mlflow-server-dead", ["tracking.tracking_uri=http://127.0.0.1:9"], ["tracking.tracking_uri=http://127.0.0.1:9", "no answer"]),
+    ("arm-factbook-split-conflict", ["arms.real.overrides=[search.engine=bm25,data.train=factbook:fact-train,data.split=dev]"], ["data.train=factbook:fact-train names split fact-train", "data.split=dev"]),
     # an arm's name is its report row and its folders: a baseline's row name merged the two into one row
     ("arm-named-like-rag-baseline", ["arms.base-rag.rl=false"], ["arms.base-rag", "rag baseline", "rename the arm"]),
     ("arm-named-like-direct-baseline", ["arms.base-direct.overrides=[search.engine=bm25]"], ["arms.base-direct", "direct baseline"]),
@@ -360,10 +382,11 @@ EXPERIMENT_INPUTS = [
 @pytest.mark.parametrize(
     "args, words", [c[1:] for c in EXPERIMENT_INPUTS], ids=[c[0] for c in EXPERIMENT_INPUTS]
 )
-def test_experiment_refuses_what_a_later_stage_would_read(cli, tmp_path, args, words):
+def test_experiment_refuses_what_a_later_stage_would_read(cli, files, tmp_path, args, words):
     """The dry run refuses it in one line; a real run refuses it before its first stage (nothing written)."""
     from zerosim.experiment import load_experiment, run_experiment
 
+    args = _fill(args, files)
     base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path / 'exp'}"]
     (tmp_path / "a-file").write_text("not a folder\n")  # the cli fixture runs in tmp_path
     _fails_cleanly(cli("experiment", "--config", SMOKE, "--dry-run", *base, *args), *words)
@@ -371,6 +394,39 @@ def test_experiment_refuses_what_a_later_stage_would_read(cli, tmp_path, args, w
         run_experiment(load_experiment(SMOKE, [*base, *args]), echo=lambda line: None)
     assert all(word in str(err.value) for word in words), str(err.value)
     assert not (tmp_path / "exp").exists()
+
+
+def test_factbook_split_is_the_embedded_split_in_every_dataset_setting(cli):
+    """``factbook:SPLIT`` in data.train, warmstart.data and validation.data reads the embedded split, as
+    ``zerosim eval --dataset factbook:SPLIT`` does (it was a hub dataset id, failing 15 s into the run); the
+    split settings at their defaults give way to it, and the run reads what the dry run shows."""
+    from zerosim.training.config import load_train_config
+
+    args = [
+        "data.train=factbook:fact-train",
+        "warmstart.enabled=true",
+        "warmstart.data=factbook:fact-tune",
+        "validation.every=2",
+        "validation.data=factbook:fact-test",
+    ]
+    result = cli("train", "--dry-run", *args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "factbook fact-train (" in result.output and "embedded" in result.output, result.output
+    assert "Hugging Face" not in result.output, result.output
+    assert "factbook fact-tune (" in result.output and "factbook fact-test (" in result.output, result.output
+    cfg = load_train_config(None, [*args, "data.split=fact-train"])  # the same split given twice: one split
+    assert (cfg.data.train, cfg.data.split) == ("factbook", "fact-train")
+    assert (cfg.warmstart.data, cfg.warmstart.split) == ("factbook", "fact-tune")
+    assert (cfg.validation.data, cfg.validation.split) == ("factbook", "fact-test")
+    # the simulator jobs name their questions the same way
+    from simulators.config import SimulatorEvalConfig
+    from zerosim.core.config import ConfigError, load_config
+    from zerosim.job_config import SimulatorCollectConfig
+
+    sim = load_config(None, ["data=factbook:fact-test"], schema=SimulatorEvalConfig)
+    assert (sim.data, sim.split) == ("factbook", "fact-test")
+    with pytest.raises(ConfigError, match="data=factbook:fact-train names split fact-train, and split=dev"):
+        load_config(None, ["data=factbook:fact-train", "split=dev"], schema=SimulatorCollectConfig)
 
 
 def test_dry_run_reads_every_data_file_and_loads_no_weights(cli, files, tmp_path):

@@ -185,3 +185,42 @@ def test_resume_after_sigkill_loses_no_completed_step(
     assert sorted(steps) == [1, 2, 3, 4, 5, 6]  # every step once: none lost, none logged twice
     state = json.loads((out / "res" / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6
+
+
+def test_cli_collapse_guard_rolls_back_then_stops_and_keeps_the_best_policy(
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli
+):
+    """A collapse (the tiny policy never answers: silence, at patience 1) is first rolled back to the best validated
+    policy at half the learning rate, then stopped at the second; the final checkpoint is the best validated
+    policy; the collapse signals are logged every step. (Each trigger: tests/test_guard.py.)"""
+    import mlflow
+    import torch
+    from safetensors.torch import load_file
+
+    qa, corpus = capitals(8)
+    out = tmp_path / "out" / "guarded"
+    cmd = [
+        "train", "--config", DEMO,
+        f"run.output_dir={tmp_path / 'out'}", "run.name=guarded", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        "trainer.max_steps=4", "trainer.per_device_train_batch_size=4", "trainer.num_generations=2",
+        "trainer.learning_rate=1e-2", "rollout.max_new_tokens=8", "rollout.max_turns=1",
+        f"tracking.tracking_uri={mlflow_db}", "tracking.experiment=guard", "warmstart.enabled=false",
+        "validation.every=1", "validation.max_examples=2",
+        "trainer.collapse_patience=1", "trainer.collapse_window=2", "trainer.collapse_answer_share=0.3",
+        "trainer.collapse_action=rollback", "trainer.final_policy=best",
+    ]  # fmt: skip
+    zerosim_cli(*cmd)
+    mlflow.set_tracking_uri(mlflow_db)
+    (run,) = mlflow.search_runs(experiment_names=["guard"], output_format="list")
+    tags = run.data.tags
+    events = tags["zerosim.collapse_events"].split("; ")
+    assert [e.rsplit("-> ", 1)[1] for e in events] == ["rollback", "stop"], events
+    assert all("silence" in e for e in events)
+    assert tags["zerosim.final_policy"] == "best: step 0, val/em 0.0000"
+    client = mlflow.MlflowClient()
+    for key in ["collapse/distinct_answers", "entropy"]:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
+    final = load_file(str(out / "final" / "model.safetensors"))
+    best = load_file(str(out / "best" / "model.safetensors"))
+    assert final.keys() == best.keys() and all(torch.equal(final[k], best[k]) for k in final)

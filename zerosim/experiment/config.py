@@ -103,6 +103,14 @@ class ExperimentEvalConfig:
     # overrides of every `zerosim eval` stage
     overrides: list[str] = field(default_factory=list)
 
+    def validate(self, prefix: str) -> None:
+        """Held-out sets to evaluate on: with none, every eval stage would stop (after the warm start ran)."""
+        if not self.datasets:
+            raise ConfigError(
+                f"{prefix}datasets is empty: the held-out evaluation needs at least one dataset (a file, an HF "
+                f"id, or factbook[:split]), e.g. {prefix}datasets=[factbook]"
+            )
+
 
 @dataclass
 class ReportConfig:
@@ -116,6 +124,8 @@ class ReportConfig:
     resamples: int = ranged(2000, ">=100")
     # seeds the bootstrap
     seed: int = ranged(0, ">=0")
+    # with fewer seeds than this in an arm of several runs, a comparison is read by its seed-level test (t over the runs' means, exact permutation beside it), the bootstrap shown as descriptive: a percentile bootstrap over few seeds under-covers (docs/experiments.md)
+    seed_test_below: int = ranged(10, ">=2")
 
     def pair_names(self) -> list[tuple[str, ...]]:
         """``pairs`` as ``(ARM, AGAINST)`` tuples (:func:`load_experiment` checks each has two enabled arms)."""

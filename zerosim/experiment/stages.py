@@ -108,9 +108,12 @@ def _train_config(cfg: ExperimentConfig, base: Path, extra: Sequence[str], where
 
 # -- 1. the simulator ----------------------------------------------------------------------------------------
 def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source:
-    """collect → SFT → (DPO) → quality, unless ``simulator.model`` names a ready simulator."""
+    """collect → SFT → (DPO) → quality, unless ``simulator.model`` names a ready simulator or no enabled arm trains
+    against one (a sweep over real retrievers)."""
     if cfg.simulator.model is not None:
         return Source(cfg.simulator.model)
+    if not any(arm.uses_simulator for arm in cfg.enabled_arms().values()):
+        return Source("")  # nothing reads it: no arm names {simulator}
     s, d = cfg.simulator, root / "stages"
     split = f"split={cfg.train_split or 'train'}"
     overrides = ["search.engine=bm25", split, *s.collect, f"out={d / 'sim-collect' / 'sft.jsonl'}"]

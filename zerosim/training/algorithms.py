@@ -11,8 +11,8 @@ trajectories) get advantage 0.
 GRPO, Dr. GRPO and DAPO advantages are TRL's (group mean; / group std for grpo and dapo, not for Dr. GRPO);
 the others, and DAPO's dynamic-sampling test (:func:`uniform_groups`), are here.
 
-A new algorithm is an :class:`~zerosim.training.config.Algorithm` member and its :data:`ALGORITHMS` entry (and,
-if TRL lacks its estimator, the function here that the entry names).
+A new algorithm is an :class:`Algorithm` member and its :data:`ALGORITHMS` entry (and, if TRL lacks its estimator,
+the function here that the entry names).
 """
 
 from __future__ import annotations
@@ -24,9 +24,20 @@ from typing import Any
 
 import torch
 
-from zerosim.training.config import Algorithm
-
 EPS = 1e-4
+
+
+class Algorithm(StrEnum):
+    """``trainer.algorithm``: the RL algorithm — one :data:`ALGORITHMS` entry each (:mod:`zerosim.training.trainer`
+    applies it; the schema, :mod:`zerosim.training.config`, takes it from here)."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+    rloo = "rloo"
+    reinforce = "reinforce"
+    reinforce_pp = "reinforce_pp"
+    ppo = "ppo"
 
 
 class Estimator(StrEnum):

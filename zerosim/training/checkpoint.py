@@ -172,8 +172,8 @@ class ZerosimState(TrainerCallback):
 
     ``zerosim_state.pt`` holds: the MLflow run id and :func:`bound_config` (checked on resume), the files
     transformers wrote (with sizes), the curriculum state (adaptive schedules), the PPO critic and its
-    optimizer, the rollout's sample trajectories, the validation history and last rows, and the collapse
-    guard's streak. Plain values and tensors only (it is loaded with ``weights_only=True``). Written to a
+    optimizer, the rollout's sample trajectories and recent answers, the validation history and last rows, and
+    the collapse guard's state (streaks, best validated step, rollbacks). Plain values and tensors only (it is loaded with ``weights_only=True``). Written to a
     temporary name and renamed, after the trainer's own files; only then are older checkpoints deleted,
     keeping the newest ``keep`` complete ones (``keep`` < 1: all).
 
@@ -237,8 +237,12 @@ class ZerosimState(TrainerCallback):
         if self.validation is not None:
             payload["validation_history"] = json.loads(json.dumps(self.validation.history))
             payload["validation_rows"] = json.loads(json.dumps(self.validation.last_rows))
+        if self.rollout is not None:
+            payload["recent_answers"] = list(getattr(self.rollout, "recent_answers", ()))
         if self.guard is not None:
             payload["collapse_streak"] = int(self.guard.streak)
+            if hasattr(self.guard, "state_dict"):
+                payload["guard"] = self.guard.state_dict()
         return payload
 
     def on_save(self, args, state, control, **kwargs):
@@ -290,8 +294,14 @@ class ZerosimState(TrainerCallback):
         if self.validation is not None:
             self.validation.history[:] = payload.get("validation_history", [])
             self.validation.last_rows = payload.get("validation_rows", [])
+        if self.rollout is not None and hasattr(self.rollout, "recent_answers"):
+            self.rollout.recent_answers.clear()
+            self.rollout.recent_answers.extend(payload.get("recent_answers", []))
         if self.guard is not None:
-            self.guard.streak = int(payload.get("collapse_streak", 0))
+            if "guard" in payload and hasattr(self.guard, "load_state_dict"):
+                self.guard.load_state_dict(payload["guard"])
+            else:  # a checkpoint from before the guard kept more than its streak
+                self.guard.streak = int(payload.get("collapse_streak", 0))
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -21,18 +21,7 @@ from zerosim.core.models import DType
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName, SearchConfig
-
-
-class Algorithm(StrEnum):
-    """``trainer.algorithm``: the RL algorithm (:mod:`zerosim.training.trainer`, :mod:`zerosim.training.algorithms`)."""
-
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    dapo = "dapo"
-    rloo = "rloo"
-    reinforce = "reinforce"
-    reinforce_pp = "reinforce_pp"
-    ppo = "ppo"
+from zerosim.training.algorithms import DYNAMIC_SAMPLING, Algorithm, spec_of
 
 
 class Generation(StrEnum):
@@ -51,15 +40,26 @@ class LRScheduler(StrEnum):
     cosine = "cosine"
 
 
-class ValidationEngine(StrEnum):
-    """``validation.engine``: the training engine (without curriculum noise) or a named one."""
+# ``validation.engine``: the training engine (without curriculum noise) or a named one — the simulator or any
+# real retriever, derived from ``EngineName`` so that a new retriever is a choice here too
+ValidationEngine = StrEnum(
+    "ValidationEngine",
+    {"train": "train", **{e.name: e.value for e in EngineName if e == EngineName.simulator or e.real}},
+)
 
-    train = "train"
-    simulator = "simulator"
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
-    http = "http"
+
+class CollapseAction(StrEnum):
+    """``trainer.collapse_action``: what the collapse guard does (:mod:`zerosim.training.guard`)."""
+
+    stop = "stop"
+    rollback = "rollback"
+
+
+class FinalPolicy(StrEnum):
+    """``trainer.final_policy``: which policy the final checkpoint holds."""
+
+    last = "last"
+    best = "best"
 
 
 @dataclass
@@ -90,6 +90,12 @@ class DataConfig:
     split: str = "train"
     # use only the first N rows (after a seeded shuffle); None = all
     max_examples: int | None = ranged(None, ">=1", "null = all")
+
+    def validate(self, prefix: str) -> None:
+        """``train=factbook:SPLIT`` is the embedded split, as eval reads it (a conflicting split refused)."""
+        from zerosim.core.data.spec import resolve_embedded
+
+        resolve_embedded(self, "train", prefix)
 
 
 @dataclass
@@ -142,8 +148,20 @@ class TrainerConfig:
     lam: float = ranged(1.0, "[0,1]")
     # ppo: clip range of the value loss around the old values
     value_clip: float = ranged(0.2, ">0")
-    # stop after N logged steps in a row where every trajectory scored 0 (no gradient); 0 = never
+    # stop after N logged steps in a row where every trajectory scored 0 (no gradient); 0 = never. Also how many logged steps in a row collapse_answer_share must be exceeded
     collapse_patience: int = ranged(5, ">=0", "0 = never")
+    # a collapse: one answer given to more than this share of the last collapse_window questions (the reward can stay above 0); null = not watched
+    collapse_answer_share: float | None = ranged(None, "(0,1)", "null = not watched")
+    # questions (each by its group's most common answer) collapse_answer_share is taken over, per process
+    collapse_window: int = ranged(16, ">=2")
+    # a collapse: validation EM (validation.every) falling more than this below its best; null = not watched
+    collapse_val_drop: float | None = ranged(None, "[0,1]", "null = not watched")
+    # on a collapse: stop | rollback (to the best validated policy, learning rate x collapse_lr_factor; once, then stop)
+    collapse_action: CollapseAction = CollapseAction.stop
+    # rollback: the learning rate's factor after it
+    collapse_lr_factor: float = ranged(0.5, "(0,1]")
+    # the final checkpoint: last (the last step's policy) | best (the best validated one: what an experiment evaluates)
+    final_policy: FinalPolicy = FinalPolicy.last
     # policy sampling: hf (transformers generate) | vllm_colocate | vllm_server (TRL's vLLM modes)
     generation: Generation = Generation.hf
     # vllm_server: a `trl vllm-serve --model <policy>` server
@@ -165,8 +183,6 @@ class TrainerConfig:
                 f"{prefix}num_generations ({self.num_generations}): each prompt's group is rolled out together; "
                 f"set e.g. {prefix}per_device_train_batch_size={fit}"
             )
-        from zerosim.training.algorithms import DYNAMIC_SAMPLING, spec_of
-
         if self.dynamic_sampling and not spec_of(self.algorithm).allows_dynamic_sampling:
             raise ConfigError(
                 f"{prefix}dynamic_sampling=true needs a group baseline and a token-level loss "
@@ -201,6 +217,12 @@ class WarmstartConfig:
     # retriever for the trajectories
     search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
 
+    def validate(self, prefix: str) -> None:
+        """``data=factbook:SPLIT`` is the embedded split, as eval reads it (a conflicting split refused)."""
+        from zerosim.core.data.spec import resolve_embedded
+
+        resolve_embedded(self, "data", prefix)
+
 
 @dataclass
 class ValidationConfig:
@@ -219,6 +241,12 @@ class ValidationConfig:
     # train (the training engine, no curriculum noise) | bm25 | dense | hybrid | http (search.<engine> settings)
     engine: ValidationEngine = ValidationEngine.train
 
+    def validate(self, prefix: str) -> None:
+        """``data=factbook:SPLIT`` is the embedded split, as eval reads it (a conflicting split refused)."""
+        from zerosim.core.data.spec import resolve_embedded
+
+        resolve_embedded(self, "data", prefix)
+
 
 @dataclass
 class TrainConfig:
@@ -236,7 +264,22 @@ class TrainConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self, prefix: str) -> None:
-        """``tracking.log_model`` logs the final checkpoint, which only ``trainer.save_final`` writes."""
+        """``tracking.log_model`` logs the final checkpoint, which only ``trainer.save_final`` writes; what the
+        collapse guard reads of validation needs validation to run."""
+        t = self.trainer
+        needs = {
+            "trainer.collapse_val_drop": t.collapse_val_drop is not None,
+            "trainer.collapse_action=rollback": t.collapse_action == CollapseAction.rollback,
+            "trainer.final_policy=best": t.final_policy == FinalPolicy.best,
+        }
+        for what, used in needs.items():
+            if used and not self.validation.every:
+                raise ConfigError(
+                    f"{prefix}{what} reads greedy validation passes (the best validated policy), but "
+                    f"{prefix}validation.every=0 runs none: set {prefix}validation.every=N (e.g. 4, with "
+                    f"{prefix}validation.data and {prefix}validation.max_examples for its questions), or drop "
+                    f"{prefix}{what.split('=')[0]}"
+                )
         if self.tracking.log_model and not self.trainer.save_final:
             raise ConfigError(
                 f"{prefix}tracking.log_model=true logs the final policy checkpoint, but "

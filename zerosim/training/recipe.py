@@ -6,6 +6,7 @@ Read top to bottom: config → data → policy → search engine → curriculum 
 from __future__ import annotations
 
 import random
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -15,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import TrainerCallback
 
 from curricula import CurriculumNoise, curriculum_schedule, find_mixed
 from zerosim.agent.rewards import build_judge, make_reward_func
@@ -47,6 +47,7 @@ from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_comple
     resumed_changes,
 )
 from zerosim.training.config import TrainConfig
+from zerosim.training.guard import CollapseGuard, StopOnSigterm
 from zerosim.training.speedups import cpu_autocast_bf16, machine_line
 from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
@@ -197,41 +198,6 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
         tracking=cfg.tracking,
         output_dir=output_dir / "warmstart",
     )
-
-
-class CollapseGuard(TrainerCallback):
-    """Stops a run that has had no learning signal for ``patience`` logged steps in a row.
-
-    When every trajectory of a step scores the same (TRL's ``frac_reward_zero_std`` = 1) *and* that score
-    is 0, every advantage estimator here gives 0 — no gradient — and a policy that stopped searching and
-    answering (the GRPO collapse ZeroSearch users report) never recovers. Rather than spend the remaining
-    steps, the guard stops training; ``collapsed_at`` tells the caller where.
-    """
-
-    def __init__(self, patience: int):
-        self.patience = patience
-        self.streak = 0
-        self.collapsed_at: int | None = None
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.patience < 1 or not logs or "reward" not in logs:
-            return
-        silent = logs.get("frac_reward_zero_std", 0.0) >= 1.0 and abs(logs["reward"]) < 1e-12
-        self.streak = self.streak + 1 if silent else 0
-        if self.streak >= self.patience:
-            self.collapsed_at = int(state.global_step)
-            control.should_training_stop = True
-
-
-class StopOnSigterm(TrainerCallback):
-    """A SIGTERM during training (:mod:`zerosim.core.signals`) ends the step in progress with a checkpoint
-    and stops the loop; :func:`train` then raises ``Terminated`` so the run ends FAILED, resumable."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if stop_requested():
-            control.should_save = True
-            control.should_training_stop = True
-        return control
 
 
 RESULT_FILE = "result.json"  # <output_dir>/<name>/result.json: written last, by a job that trained to its end
@@ -400,7 +366,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     schedule = curriculum_schedule(cfg.curriculum, cfg.trainer.max_steps)
     rollout = _rollout(cfg, tokenizer, engine, examples, schedule)
     with _mlflow_run(job):
-        guard = CollapseGuard(cfg.trainer.collapse_patience)
+        guard = _guard(cfg)
         validation = None
         if cfg.validation.every:
             validation = build_validation(cfg, questions, engine, tokenizer, resources)
@@ -483,7 +449,10 @@ def _rollout(cfg: TrainConfig, tokenizer, engine, examples, schedule) -> TRLRoll
         step_rewards=step_weights(cfg),
     )
     return TRLRollout(
-        loop, num_samples=cfg.tracking.num_sample_trajectories, sample_every=cfg.tracking.sample_every
+        loop,
+        num_samples=cfg.tracking.num_sample_trajectories,
+        sample_every=cfg.tracking.sample_every,
+        answer_window=cfg.trainer.collapse_window,
     )
 
 
@@ -545,10 +514,12 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
         validation=validation,
         guard=guard,
     )
-    # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume
-    callbacks = [state_callback, guard, trainer_mlflow_callback(), StopOnSigterm()]
+    # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume; the guard
+    # after validation, so that it reads each pass at the weights that pass scored
+    callbacks = [state_callback, trainer_mlflow_callback(), StopOnSigterm()]
     if validation is not None:
         callbacks.append(validation)
+    callbacks.append(guard)
     critic = None
     if spec_of(t.algorithm).needs_critic:
         critic = Critic.from_pretrained(t.critic_model or job.policy_model, cfg.policy.dtype)
@@ -564,7 +535,8 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
         # auto: not with a KL term (each batch is used once here: no old log-probs to compare either)
         update_bf16=cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0),
         dynamic_sampling=t.dynamic_sampling,
-        step_credit=str(cfg.reward.step_credit),
+        # without step rewards, prefix credit is the algorithm's own advantage: TRL's (B,) one is kept
+        step_credit=str(cfg.reward.step_credit) if step_weights(cfg) is not None else "sequence",
         model=policy,
         reward_funcs=_reward_funcs(cfg, schedule, job.procs, resources),
         args=grpo_args(cfg, job.output_dir),
@@ -578,6 +550,7 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
     rollout.bind(trainer)
     if validation is not None:
         validation.bind(trainer)
+    guard.bind(trainer, job.output_dir, validation=validation, tokenizer=tokenizer)
     if job.checkpoint_in is not None:
         state_callback.load(job.checkpoint_in)
     return trainer, state_callback
@@ -610,15 +583,17 @@ def _after_training(job: _Job, trainer, rollout, guard: CollapseGuard, validatio
     import mlflow
 
     if guard.collapsed_at is not None:
-        import logging
-
         mlflow.set_tag("zerosim.collapsed_at_step", str(guard.collapsed_at))
-        logging.getLogger(__name__).warning(
-            "stopped at step %d: every trajectory scored 0 for %d steps in a row (no learning signal). "
-            "Lower trainer.learning_rate, add trainer.beta, or resume from an earlier checkpoint.",
-            guard.collapsed_at,
-            job.cfg.trainer.collapse_patience,
-        )
+        mlflow.set_tag("zerosim.collapse_events", "; ".join(e.line() for e in guard.events))
+        if guard.events[-1].action == "stop":
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "stopped at step %d: %s. Lower trainer.learning_rate, add trainer.beta, or resume from an "
+                "earlier checkpoint.",
+                guard.events[-1].step,
+                guard.events[-1].detail,
+            )
     log_jsonl(rollout.samples, "samples/trajectories.jsonl")
     log_training_curves(trainer.state.log_history)
     if validation is not None and validation.history:
@@ -635,10 +610,16 @@ def _save_final(job: _Job, trainer: SearchTrainer, tokenizer, validation) -> Pat
         return None
     main = job.main
     checkpoint = job.output_dir / "final"
+    best = trainer_guard(trainer).best_dir if job.cfg.trainer.final_policy == "best" else None
     with shared_atomic_directory(checkpoint, job.procs) as tmp:
-        trainer.save_model(str(tmp))  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
-        if main:
-            tokenizer.save_pretrained(str(tmp))
+        if best is not None:  # the best validated policy, as the guard kept it (model and tokenizer)
+            if main:
+                for item in best.iterdir():
+                    shutil.copy2(item, tmp / item.name)
+        else:
+            trainer.save_model(str(tmp))  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
+            if main:
+                tokenizer.save_pretrained(str(tmp))
     if trainer.critic is not None and main:  # the critic copies are identical (averaged gradients)
         with atomic_directory(job.output_dir / "critic") as tmp:
             trainer.save_critic(tmp)
@@ -646,8 +627,33 @@ def _save_final(job: _Job, trainer: SearchTrainer, tokenizer, validation) -> Pat
         import mlflow
 
         mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
+        guard = trainer_guard(trainer)
+        if best is not None:
+            mlflow.set_tag(
+                "zerosim.final_policy", f"best: step {guard.best_step}, val/em {guard.best_em:.4f}"
+            )
+        else:
+            mlflow.set_tag("zerosim.final_policy", f"last: step {trainer.state.global_step}")
         mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
         if job.cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
             table = "samples/validation.jsonl" if validation is not None and validation.history else None
             log_model(checkpoint, name="policy", validation_table=table)
     return checkpoint
+
+
+def _guard(cfg: TrainConfig) -> CollapseGuard:
+    """The collapse guard of ``trainer.collapse_*`` and ``trainer.final_policy`` (:mod:`zerosim.training.guard`)."""
+    t = cfg.trainer
+    return CollapseGuard(
+        t.collapse_patience,
+        answer_share=t.collapse_answer_share,
+        val_drop=t.collapse_val_drop,
+        action=str(t.collapse_action),
+        lr_factor=t.collapse_lr_factor,
+        keep_best=t.final_policy == "best",
+    )
+
+
+def trainer_guard(trainer) -> CollapseGuard:
+    """The :class:`CollapseGuard` among ``trainer``'s callbacks."""
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseGuard))

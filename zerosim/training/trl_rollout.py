@@ -18,6 +18,7 @@ owns TRL's side of it:
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -27,6 +28,7 @@ from trl.models import unwrap_model_for_generation
 from zerosim.agent.rollout import STOP_STRINGS, SearchRollout, Trajectory, synced_decoding
 from zerosim.core.distributed import TurnSync
 from zerosim.core.generation import VLLMGenerator
+from zerosim.core.metrics import normalize_answer
 
 MetricSink = Callable[[str, float], None]
 
@@ -42,12 +44,15 @@ class TRLRollout:
         log_metric: MetricSink | None = None,
         num_samples: int = 4,
         sample_every: int = 1,
+        answer_window: int = 16,
     ):
         self.loop = loop
         self.log_metric = log_metric
         self.num_samples = num_samples
         self.sample_every = max(1, sample_every)
         self.samples: list[dict[str, Any]] = []  # a few trajectories per step, for the MLflow artifact
+        # each recent question's most common answer (normalised): collapse/top_answer_share reads them
+        self.recent_answers: deque[str] = deque(maxlen=max(1, answer_window))
 
     def bind(self, trainer) -> TRLRollout:
         """Send the rollout's metrics to ``trainer``'s metric hook (TRL's ``log_metric``, the one reward
@@ -87,6 +92,8 @@ class TRLRollout:
             trajectories, timing = loop.run(generator, prompts, step, sync=sync, offset=offset)
         for name, value in loop.metrics(trajectories, step, timing).items():
             self.log_metric(name, value)
+        for name, value in answer_signals(trajectories, self.recent_answers).items():
+            self.log_metric(name, value)
         self._keep_samples(trajectories, step)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
@@ -121,3 +128,34 @@ class TRLRollout:
                     "environment_tokens": len(traj.env_mask) - sum(traj.env_mask),
                 }
             )
+
+
+def answer_signals(trajectories: Sequence[Trajectory], recent: deque[str]) -> dict[str, float]:
+    """Signs of a policy falling onto one answer, from a step's trajectories (answers normalised as EM reads
+    them; a trajectory without an answer counts in none):
+
+    - ``collapse/step_top_answer_share``: the share of the step's answers that are its most common one;
+    - ``collapse/distinct_answers``: distinct answers per question (its group), averaged — 1 when every group
+      agrees with itself, which a confident policy also does;
+    - ``collapse/top_answer_share``: over the last ``recent.maxlen`` questions (each counted once, by its
+      group's most common answer), the share given the most common one — one answer across *different*
+      questions, which only a collapse does. Logged once ``recent`` is full (a short window reads high by
+      chance); ``recent`` is updated in place.
+    """
+    groups: dict[str, list[str]] = {}
+    for t in trajectories:
+        answers = groups.setdefault(t.question, [])
+        if t.answer is not None and normalize_answer(t.answer):
+            answers.append(normalize_answer(t.answer))
+    answered = [a for answers in groups.values() for a in answers]
+    out: dict[str, float] = {}
+    if answered:
+        out["collapse/step_top_answer_share"] = Counter(answered).most_common(1)[0][1] / len(answered)
+    if groups:
+        out["collapse/distinct_answers"] = sum(len(set(a)) for a in groups.values()) / len(groups)
+    for answers in groups.values():
+        if answers:
+            recent.append(Counter(answers).most_common(1)[0][0])
+    if recent.maxlen is not None and len(recent) == recent.maxlen:
+        out["collapse/top_answer_share"] = Counter(recent).most_common(1)[0][1] / len(recent)
+    return out

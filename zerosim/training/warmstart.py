@@ -104,9 +104,10 @@ def run_warmstart(
 
     from zerosim.core.data.embedded import load_questions
     from zerosim.core.models import load_causal_lm, load_tokenizer
-    from zerosim.core.tracking import log_config, mlflow_run
+    from zerosim.core.tracking import check_tracking_uri, log_config, mlflow_run
     from zerosim.engines import build_search_engine
 
+    check_tracking_uri(tracking.tracking_uri)  # the MLflow store, tried before the policy loads
     questions = load_questions(cfg.data, cfg.split)
     rng = random.Random(seed)
     questions = rng.sample(questions, len(questions))  # a seeded order; built until num_examples are kept

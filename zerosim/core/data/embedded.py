@@ -6,6 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerosim.core.config import EMBEDDED_DATA
+from zerosim.core.data.splits import (  # noqa: F401 (SPLITS, DEV_PERCENT: public here too)
+    BUILT_SPLITS,
+    DERIVED_SPLITS,
+    DEV_PERCENT,
+    SPLITS,
+    in_fact_dev,
+)
 from zerosim.core.fsutil import build_once
 from zerosim.core.models import zerosim_home
 
@@ -13,9 +20,6 @@ if TYPE_CHECKING:
     from zerosim.core.data.factbook import FactbookFiles
 
 FACTBOOK_VERSION = "v3"  # bump when the builder's output changes, so caches rebuild
-# train/dev/test: by question (a test question may share a fact with a training one); fact-train/fact-test: by
-# country, no fact shared (zerosim.core.data.factbook)
-SPLITS = ("train", "dev", "test", "fact-train", "fact-test")
 
 
 def factbook_dir() -> Path:
@@ -27,7 +31,7 @@ def ensure_factbook(progress: bool = True) -> FactbookFiles:
     from zerosim.core.data.factbook import FactbookFiles, build_factbook
 
     out = factbook_dir()
-    paths = {name.replace("-", "_"): out / f"{name}.jsonl" for name in ("corpus", *SPLITS)}
+    paths = {name.replace("-", "_"): out / f"{name}.jsonl" for name in ("corpus", *BUILT_SPLITS)}
     build_once(
         out,
         done=lambda: all(p.is_file() for p in paths.values()),
@@ -45,5 +49,10 @@ def load_questions(source: str, split: str = "train", limit: int | None = None):
             raise DataError(
                 f"the embedded factbook has splits {', '.join(SPLITS)}; got split {split!r}: use one of them"
             )
+        if split in DERIVED_SPLITS:
+            parent, dev = DERIVED_SPLITS[split]
+            rows = load_qa(getattr(ensure_factbook(), parent.replace("-", "_")))
+            rows = [row for row in rows if in_fact_dev(row.id) == dev]
+            return rows[:limit] if limit is not None else rows
         return load_qa(getattr(ensure_factbook(), split.replace("-", "_")), limit=limit)
     return load_qa(source, split=split, limit=limit)

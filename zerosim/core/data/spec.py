@@ -167,3 +167,49 @@ def expand_qa_specs(specs: list[str]) -> list[str]:
             raise DataError(f"{spec}: an empty name in {names!r}; join names with single '+' (nq+hotpotqa)")
         out.extend(f"{head}:{name}:{split}" for name in names.split("+"))
     return out
+
+
+def embedded_split(source: str | None, split: str, default: str, data_key: str, split_key: str) -> str | None:
+    """The embedded factbook's split that ``factbook:SPLIT`` (``source``) names, read as ``zerosim eval
+    --dataset`` reads it; None for any other source (``factbook`` alone included: ``split`` applies).
+
+    A single-dataset setting (``data.train`` with ``data.split``, ``warmstart.data``, ``validation.data``,
+    the simulator jobs' ``data``) takes the spec's split when its split setting holds its default
+    (``default``); another value there names a second split, and the two are refused, naming both keys. An
+    unknown split is refused with the splits there are. A file that exists under that very name stays a file.
+    """
+    from zerosim.core.config import EMBEDDED_DATA, ConfigError
+
+    if not source or not source.startswith(f"{EMBEDDED_DATA}:") or Path(source).expanduser().exists():
+        return None
+    named = source.split(":", 1)[1]
+    from zerosim.core.data.splits import SPLITS
+
+    if named not in SPLITS:
+        raise ConfigError(
+            f"{data_key}={source}: the embedded factbook has splits {', '.join(SPLITS)}, not {named!r}; "
+            f"write {EMBEDDED_DATA}:SPLIT with one of them"
+        )
+    if split not in (default, named):
+        raise ConfigError(
+            f"{data_key}={source} names split {named}, and {split_key}={split} another: give the split once, "
+            f"either {data_key}={EMBEDDED_DATA}:{split} or {data_key}={EMBEDDED_DATA} {split_key}={named} "
+            f"(or {split_key}={default}, its default, to take {named})"
+        )
+    return named
+
+
+def resolve_embedded(node: object, data_field: str, prefix: str, split_field: str = "split") -> None:
+    """A config's ``factbook:SPLIT`` written as the run reads it: ``data_field`` becomes ``factbook`` and
+    ``split_field`` the spec's split (:func:`embedded_split` refuses a conflict), so every dry run, the run
+    and the config it logs agree. Called by the schemas' ``validate``."""
+    from dataclasses import fields
+
+    from zerosim.core.config import EMBEDDED_DATA
+
+    default = next(f.default for f in fields(node) if f.name == split_field)
+    source, split = getattr(node, data_field), getattr(node, split_field)
+    named = embedded_split(source, split, default, f"{prefix}{data_field}", f"{prefix}{split_field}")
+    if named is not None:
+        setattr(node, data_field, EMBEDDED_DATA)
+        setattr(node, split_field, named)
