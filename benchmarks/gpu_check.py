@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -250,6 +251,7 @@ def check_ppo(check: Check, tokenizer, cpu: bool, tmp: Path) -> None:
 
 def check_decode(check: Check, tokenizer, cpu: bool) -> None:
     from zerosim.core.generation import HFGenerator
+    from zerosim.core.sampling import GREEDY
 
     device = "cpu" if cpu else "cuda"
     shape = (
@@ -266,7 +268,7 @@ def check_decode(check: Check, tokenizer, cpu: bool) -> None:
     new_tokens = 16 if cpu else 128
     timings, outputs = {}, {}
     for decoder in ("zerosim", "transformers"):
-        gen = HFGenerator(model, tokenizer, temperature=0.0, decoder=decoder, logprobs=False)
+        gen = HFGenerator(model, tokenizer, sampling=GREEDY, decoder=decoder, logprobs=False)
         gen.generate(prompts[:2], 4)  # warm-up
         if not cpu:
             torch.cuda.synchronize()
@@ -289,6 +291,20 @@ def check_decode(check: Check, tokenizer, cpu: bool) -> None:
     )
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why the figures could not be written to ``out`` (its folder made, a file made and removed there)."""
+    if out.is_dir():
+        return "is a folder"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".gpu-check-", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in {out.parent} ({exc.strerror or exc})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -302,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
+    # refused before any check runs: a bad count, or figures that could not be written at the end
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1 (GRPO steps to time), got {args.steps}")
+    if args.out is not None and (problem := _unwritable(args.out)):
+        parser.error(f"--out {args.out}: {problem}; give a file in a writable folder")
     if not args.cpu and not torch.cuda.is_available():
         print("FAIL  device: torch sees no CUDA device (use --cpu for the CPU run)")
         return 2

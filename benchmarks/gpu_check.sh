@@ -11,7 +11,7 @@ CPU=""
 if [ "${1:-}" = "--cpu" ]; then CPU=--cpu; shift; fi
 OUT=${1:-${OUT:-/tmp/zerosim-gpu-check}}
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
+mkdir -p "$OUT" || { echo "FAIL  output: cannot make the folder $OUT (give a writable OUT_DIR)"; exit 2; }
 export TRL_EXPERIMENTAL_SILENCE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 SITE=""
 if [ -z "$CPU" ] && [ -d .kit/wheels ]; then

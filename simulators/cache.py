@@ -8,15 +8,17 @@ the misses of a call reach the wrapped engine, in one batched call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from zerosim.core.config import ConfigError
 from zerosim.core.search import Document, SearchEngine, SearchRequest
 
 KEY_VERSION = 1  # bump when the key or the stored format changes: old entries then simply miss
@@ -94,12 +96,15 @@ class CachedSearchEngine:
         self._db: sqlite3.Connection | None = None
         if self.sqlite_path is not None:
             self.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.sqlite_path, check_same_thread=False, timeout=30.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, documents TEXT NOT NULL)"
-            )
-            self._db.commit()
+            try:
+                self._db = sqlite3.connect(self.sqlite_path, check_same_thread=False, timeout=30.0)
+                self._db.execute("PRAGMA journal_mode=WAL")  # reads the header: a damaged file fails here
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, documents TEXT NOT NULL)"
+                )
+                self._db.commit()
+            except sqlite3.DatabaseError as exc:
+                raise self._unusable(exc) from None
 
     def key(self, request: SearchRequest, k: int) -> str:
         return cache_key(request, k, self.key_extra)
@@ -108,7 +113,7 @@ class CachedSearchEngine:
         if not requests:
             return []
         keys = [self.key(r, k) for r in requests]
-        with self._lock:
+        with self._lock, self._damage_named():
             known = self._lookup(set(keys))
         # each missing key once, in first-seen order: one batched call to the engine
         todo: dict[str, SearchRequest] = {}
@@ -124,7 +129,7 @@ class CachedSearchEngine:
                     f"{type(self.engine).__name__} returned {len(answers)} results for {len(todo)} requests"
                 )
             fresh = dict(zip(todo, answers, strict=True))
-            with self._lock:
+            with self._lock, self._damage_named():
                 self._store((key, docs) for key, docs in fresh.items() if docs and self.cacheable(docs))
             known.update(fresh)
         return [list(known[key]) for key in keys]
@@ -156,6 +161,35 @@ class CachedSearchEngine:
 
     def __repr__(self) -> str:
         return f"CachedSearchEngine({self.engine!r}, max_entries={self.max_entries}, sqlite_path={self.sqlite_path})"
+
+    @contextlib.contextmanager
+    def _damage_named(self) -> Iterator[None]:
+        """A cache file found damaged past its header (a page sqlite cannot read): the one line, not sqlite's
+        traceback. A busy or locked file is another process's turn, and stays sqlite's error."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):
+                raise
+            raise self._unusable(exc) from None
+
+    def _unusable(self, exc: sqlite3.DatabaseError) -> ConfigError:
+        """The one line for a cache file sqlite cannot use: which file, and the fix."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        path = self.sqlite_path
+        if path is not None and path.is_dir():
+            what = "is a folder"
+        elif isinstance(exc, sqlite3.OperationalError):
+            what = f"cannot be opened or written ({exc})"
+        else:
+            what = f"is not an sqlite database, or a damaged one ({exc})"
+        return ConfigError(
+            f"search cache {path} (search.simulator.cache_path) {what}: delete it or move it aside and the "
+            "cache starts empty (it only holds answers the simulator gives again), or point "
+            "search.simulator.cache_path at another file"
+        )
 
     # -- storage (caller holds the lock) ------------------------------------------------------------
 

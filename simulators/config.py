@@ -14,7 +14,7 @@ from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError, rang
 from zerosim.core.judge import MAX_TOKENS
 from zerosim.core.models import DType
 from zerosim.core.runtime import RuntimeConfig
-from zerosim.core.tracking import TrackingConfig
+from zerosim.core.tracking import TrackingConfig, refuse_log_model
 
 
 class Backend(StrEnum):
@@ -172,7 +172,11 @@ class CollectConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self, prefix: str) -> None:
-        """The SFT example's documents come from the retrieved depth."""
+        """The SFT example's documents come from the retrieved depth; ``data=factbook:SPLIT`` is the embedded
+        split, as eval reads it (a conflicting split refused)."""
+        from zerosim.core.data.spec import resolve_embedded
+
+        resolve_embedded(self, "data", prefix)
         if self.depth < self.k:
             raise ConfigError(
                 f"need 1 <= {prefix}k <= {prefix}depth, got {prefix}k={self.k}, {prefix}depth={self.depth}: "
@@ -256,10 +260,14 @@ class SimulatorEvalConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def validate(self, prefix: str) -> None:
-        """A quality report trains nothing, so it has no model of its own to log (``tracking.log_model``)."""
-        if self.tracking.log_model:
-            raise ConfigError(
-                f"{prefix}tracking.log_model=true: a simulator evaluation trains no model, so it has none to "
-                "log; set tracking.log_model=true on `zerosim simulator train`, which writes the simulator, and "
-                f"{prefix}tracking.log_model=false here"
-            )
+        """A quality report trains nothing, so it has no model of its own to log (``tracking.log_model``);
+        ``data=factbook:SPLIT`` is the embedded split, as eval reads it (a conflicting split refused)."""
+        from zerosim.core.data.spec import resolve_embedded
+
+        resolve_embedded(self, "data", prefix)
+        refuse_log_model(
+            self.tracking,
+            prefix,
+            job="a simulator evaluation",
+            trainer="`zerosim simulator train`, which writes the simulator",
+        )

@@ -192,8 +192,9 @@ def run_quality(
 
     from zerosim.core.data.embedded import load_questions
     from zerosim.core.fsutil import atomic_write_text
-    from zerosim.core.tracking import log_config, mlflow_run
+    from zerosim.core.tracking import check_tracking_uri, log_config, mlflow_run
 
+    check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store, tried before the simulator loads
     questions = load_questions(cfg.data, cfg.split, limit=cfg.limit)
     if not questions:
         raise ValueError(f"{cfg.data} ({cfg.split}) holds no questions to evaluate the simulator on")

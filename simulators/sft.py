@@ -234,7 +234,13 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
 
     from zerosim.core.config import ConfigError
     from zerosim.core.models import load_causal_lm, load_tokenizer
-    from zerosim.core.tracking import log_config, log_model, log_training_curves, mlflow_run
+    from zerosim.core.tracking import (
+        check_tracking_uri,
+        log_config,
+        log_model,
+        log_training_curves,
+        mlflow_run,
+    )
 
     if cfg.tracking.log_model and cfg.lora and not cfg.merge_lora:
         raise ConfigError(
@@ -245,6 +251,7 @@ def run_sft(cfg: SimulatorTrainConfig) -> Path:
         load_preference_dataset(cfg.data, cfg.seed)  # bad data fails before a model is loaded
     else:
         load_sft_dataset(cfg.data)
+    check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store, tried before the model loads
     tokenizer = load_tokenizer(cfg.model)
     tokenizer.padding_side = "right"  # training pads on the right; generation code sets its own side
     # the weights the optimizer steps stay fp32 (bf16 compute on a GPU, bf16=on_gpu); LoRA freezes the base

@@ -147,3 +147,24 @@ def test_results_with_failure_documents_are_not_kept():
     assert docs[1].text == MISSING_DOC_TEXT
     cache.search([SearchRequest("q")], 2)
     assert backend.calls == 2 and cache.stats["misses"] == 2 and len(cache) == 0
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not a database\n" * 200, b"SQLite format 3\x00" + b"\xff" * 5000],
+    ids=["text", "damaged-header"],
+)
+def test_a_damaged_cache_file_is_one_line_naming_it_and_the_fix(tmp_path, content):
+    """A cache_path file that is no database (or a damaged one) is refused naming the file and the fix, not
+    with sqlite3.DatabaseError; the file is left as it was."""
+    from zerosim.cli import error_line
+    from zerosim.core.config import ConfigError
+
+    path = tmp_path / "cache.sqlite"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        CachedSearchEngine(CountingEngine(), sqlite_path=path)
+    line = error_line(err.value)
+    assert str(path) in line and "search.simulator.cache_path" in line and "move it aside" in line, line
+    assert "run with --debug" not in line, line  # zerosim's own message: one line, no traceback
+    assert path.read_bytes() == content

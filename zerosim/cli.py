@@ -89,6 +89,13 @@ class ZerosimGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except Exception as exc:
+            from zerosim.core.tracking import mlflow_failure
+
+            store = mlflow_failure(exc)  # the MLflow store failed (mid-run): one line naming the key
+            if store is not None:
+                if ZerosimGroup.debug or _debug_env():
+                    traceback.print_exception(exc, file=sys.stderr)
+                _fail(store)
             if not _user_error(exc):
                 raise
             # a library's ValueError may be a bug hours into a run: its traceback is always shown (one line
@@ -166,7 +173,10 @@ def train(
         False, "--dry-run", help="Resolve the recipe and print the plan; load no weights, start nothing."
     ),
     processes: int = typer.Option(
-        None, "--processes", help="With --dry-run: plan for N training processes (default: $WORLD_SIZE or 1)."
+        None,
+        "--processes",
+        min=1,
+        help="With --dry-run: plan for N training processes (default: $WORLD_SIZE or 1).",
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
@@ -243,36 +253,53 @@ def experiment(
     export: Path = typer.Option(
         None, "--export", help="Write the finished stages' results (no models) to this folder, then stop."
     ),
+    with_models: bool = typer.Option(
+        False,
+        "--with-models",
+        help="With --export: the stages' model folders too, so a continuation elsewhere reads the very "
+        "weights (an import checks each against its record's digest).",
+    ),
     import_: list[Path] = typer.Option(
         None, "--import", help="Bring results written by --export into this experiment first (repeatable)."
     ),
 ) -> None:
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
+    from contextlib import nullcontext
+
     from zerosim.core.runtime import apply_threads
     from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
     from zerosim.experiment.run import folder_lock
-    from zerosim.experiment.transfer import export_results, import_results
+    from zerosim.experiment.transfer import export_results, import_results, plan_import, preview
 
     cfg = load_experiment(config, overrides or [])
     root = Path(cfg.output_dir) / cfg.name
     if export is not None:
         written = export_results(
-            build_stages(cfg, root), root, export, name=cfg.name, tracking_uri=cfg.tracking.tracking_uri
+            build_stages(cfg, root),
+            root,
+            export,
+            name=cfg.name,
+            tracking_uri=cfg.tracking.tracking_uri,
+            with_models=with_models,
         )
-        console.print(f"[bold green]exported[/] {len(written)} finished stages to {export}")
+        models = " with their models" if with_models else ""
+        console.print(f"[bold green]exported[/] {len(written)} finished stages{models} to {export}")
         return
-    for source in import_ or []:
-        with folder_lock(root):  # not while another process runs the experiment there
-            brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
-        console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
-    if dry_run:
+    if dry_run:  # writes nothing: what --import would bring is planned as if it were here
         from rich.console import Console
         from rich.table import Table
 
         from zerosim.experiment.estimates import rates_basis
 
-        stages = build_stages(cfg, root)
-        rows = plan_rows(cfg, stages, root)
+        sources: dict[str, Path] = {}
+        for source in import_ or []:
+            coming = plan_import(build_stages(cfg, root), root, source, name=cfg.name, taken=list(sources))
+            sources.update({s.name: source / s.name for s in coming})
+            names = ", ".join(s.name for s in coming) or "none new"
+            console.print(f"would import {len(coming)} stages from {source}: {names}")
+        with preview(build_stages(cfg, root), root, sources) if sources else nullcontext(root) as seen:
+            stages = build_stages(cfg, seen)
+            rows = plan_rows(cfg, stages, seen)
         table = Table(title=f"zerosim experiment {config} -> {root} (dry run: nothing loaded)")
         for column in ("stage", "status", "estimate", "what"):
             table.add_column(column)
@@ -282,6 +309,10 @@ def experiment(
         table.caption = f"estimated {total:.0f} min for the stages to run ({rates_basis(stages)})"
         Console(width=200).print(table)
         return
+    for source in import_ or []:
+        with folder_lock(root):  # not while another process runs the experiment there
+            brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
+        console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
     apply_threads(cfg.runtime.threads)
     started = time.perf_counter()
     result = run_experiment(cfg, echo=lambda line: console.print(line, markup=False, highlight=False))
@@ -413,6 +444,18 @@ def simulator_serve(
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 (in-process server only)."),
     threads: int = _threads_option(),
+    max_waiting: int = typer.Option(
+        64,
+        "--max-waiting",
+        min=0,
+        help="Requests that may wait for the model; more get 429 (in-process only).",
+    ),
+    request_timeout: float = typer.Option(
+        30.0,
+        "--request-timeout",
+        min=0.001,
+        help="Seconds to receive a whole request before the connection is closed (in-process only).",
+    ),
 ) -> None:
     """Serve the simulator over an OpenAI-compatible API: vllm serve on a GPU with vLLM, else in-process."""
     import os
@@ -427,7 +470,14 @@ def simulator_serve(
     apply_threads(threads)
 
     code = start_simulator_server(
-        model, lora or [], host, port, served_model_name=served_model_name, dtype=dtype
+        model,
+        lora or [],
+        host,
+        port,
+        served_model_name=served_model_name,
+        dtype=dtype,
+        max_waiting=max_waiting,
+        request_timeout=request_timeout,
     )
     raise typer.Exit(code=code)
 
@@ -538,11 +588,11 @@ def data_factbook(
     out: Path = typer.Option(None, "--out", help="Output directory (default: the zerosim cache)."),
 ) -> None:
     """Build the factbook passage corpus and QA splits (FlashRAG jsonl)."""
-    from zerosim.core.data.embedded import SPLITS, ensure_factbook
+    from zerosim.core.data.embedded import BUILT_SPLITS, ensure_factbook
     from zerosim.core.data.factbook import build_factbook
 
     paths = build_factbook(out) if out is not None else ensure_factbook()
-    for name in ("corpus", *SPLITS):
+    for name in ("corpus", *BUILT_SPLITS):
         typer.echo(f"{name}\t{getattr(paths, name.replace('-', '_'))}")
 
 

@@ -33,6 +33,16 @@ class TrackingConfig:
     log_model: bool = False
 
 
+def refuse_log_model(tracking: TrackingConfig, prefix: str, *, job: str, trainer: str) -> None:
+    """Refuse ``tracking.log_model=true`` on ``job``, which trains no model and so has none to log; the fix
+    names ``trainer``, the job that writes the model."""
+    if tracking.log_model:
+        raise ConfigError(
+            f"{prefix}tracking.log_model=true: {job} trains no model, so it has none to log; set "
+            f"tracking.log_model=true on {trainer}, and {prefix}tracking.log_model=false here"
+        )
+
+
 def configure(tracking: TrackingConfig, experiment: bool = True) -> None:
     """Point MLflow (and transformers' MLflowCallback, which reads the env) at the configured store."""
     import mlflow
@@ -81,7 +91,9 @@ def mlflow_run(
     try:
         yield run
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        # a store gone mid-run fails this too: the job's own error is the one to report
+        with contextlib.suppress(Exception):
+            mlflow.end_run(status="FAILED")
         raise
     else:
         mlflow.end_run()
@@ -313,24 +325,30 @@ def code_version() -> dict[str, Any]:
     return out
 
 
-def check_tracking_uri(uri: str | None, key: str = "tracking.tracking_uri") -> None:
-    """Refuse, before anything runs, a local MLflow store this process could not write: a sqlite file (or a
-    file store's folder) whose folder is missing or read-only, or a read-only file. Creates nothing; a
-    server URI (http, https, databricks) is the server's to answer."""
+def check_tracking_uri(uri: str | None, key: str = "tracking.tracking_uri", timeout: float = 5.0) -> None:
+    """Refuse, before anything runs, an MLflow store this job could not use, trying it for real (``os.access``
+    says yes to root everywhere, /proc included): for a sqlite file, a file made and removed in its folder and
+    the file itself opened when it exists; for a file store, a file made and removed in its folder (or the
+    nearest folder that exists: MLflow makes the rest); for a server (http, https), a GET of its experiments
+    search within ``timeout`` seconds. Leaves nothing behind; other schemes (databricks …) are not tried."""
     from pathlib import Path
     from urllib.parse import urlsplit
 
     if not uri:
         return
     scheme = urlsplit(uri).scheme
+    if scheme in ("http", "https"):
+        _check_server(uri, key, timeout)
+        return
     if scheme == "sqlite":
-        path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-        what = "sqlite file"
+        text = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+        path, what = Path(text), "sqlite file"
     elif scheme in ("", "file"):
-        path, what = Path(uri.removeprefix("file://")), "store folder"
+        text = uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:")
+        path, what = Path(text), "store folder"
     else:
         return
-    if path is None or str(path) in ("", ":memory:"):
+    if str(path) in ("", ".", ":memory:") and what == "sqlite file":
         return
     path = path.expanduser()
     target = path if path.exists() else path.parent
@@ -341,10 +359,135 @@ def check_tracking_uri(uri: str | None, key: str = "tracking.tracking_uri") -> N
         problem = f"its folder {target} does not exist"
     elif path.exists() and path.is_dir() and what == "sqlite file":
         problem = f"{path} is a folder"
-    elif not os.access(target, os.W_OK):
-        problem = f"{target} is not writable"
+    else:
+        folder = target if target.is_dir() else target.parent
+        problem = _write_probe(folder)
+        if problem is None and what == "sqlite file" and path.is_file():
+            problem = _sqlite_probe(path)
     if problem:
         raise ConfigError(
             f"{key}={uri}: MLflow could not write this {what}: {problem}. Fix: point {key} at a writable place, "
             "e.g. sqlite:///mlflow.db (in the working directory)"
         )
+
+
+def _write_probe(folder: Any) -> str | None:
+    """Why a file cannot be made (and removed) in ``folder``; None when it can."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".zerosim-store-check-", dir=folder)
+    except OSError as exc:
+        return f"{folder} is not writable ({exc.strerror or exc})"
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError as exc:
+        return f"a file made in {folder} could not be removed ({exc.strerror or exc})"
+    return None
+
+
+def _sqlite_probe(path: Any) -> str | None:
+    """Why the sqlite file ``path`` cannot be opened for writing (not a database, read-only); None when it can."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        return f"{path} cannot be opened ({exc})"
+    try:
+        db.execute("PRAGMA schema_version").fetchone()  # reads the header: a file that is no database fails
+        db.execute("BEGIN IMMEDIATE")  # takes the write lock: a read-only file or folder fails
+        db.rollback()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            return None  # another process writes it now: it is a database, and a writable one
+        return f"{path} cannot be written ({exc})"
+    except sqlite3.DatabaseError as exc:
+        return f"{path} is not an sqlite database ({exc})"
+    finally:
+        db.close()
+    return None
+
+
+def _check_server(uri: str, key: str, timeout: float) -> None:
+    """A GET of the tracking server's experiments search; refuses no answer within ``timeout`` seconds, a
+    refused login and an answer that is no MLflow API."""
+    import base64
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+    request = urllib.request.Request(url, method="GET")
+    if token := os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {token}")
+    elif (user := os.environ.get("MLFLOW_TRACKING_USERNAME")) is not None:
+        basic = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(basic).decode())
+    context = None
+    if uri.startswith("https"):
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("1", "true"):
+            context = ssl._create_unverified_context()
+        else:
+            context = ssl.create_default_context(cafile=os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"))
+    problem = None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+            answer.read(1)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            problem = (
+                f"the server refused the login (HTTP {exc.code}); set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            )
+        elif exc.code == 404:
+            problem = f"no MLflow tracking API there (HTTP 404 for {url})"
+        elif exc.code >= 500:
+            problem = f"the server failed (HTTP {exc.code} {exc.reason})"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        problem = f"no answer within {timeout:g}s ({reason})"
+    if problem:
+        raise ConfigError(
+            f"{key}={uri}: the MLflow tracking server cannot be used: {problem}. Fix: start the server "
+            f"(mlflow server --host … --port …), or point {key} at a local store, e.g. sqlite:///mlflow.db"
+        )
+
+
+def mlflow_failure(exc: BaseException) -> str | None:
+    """The one line for an exception MLflow raised (a store gone or refusing, mid-run): it names
+    ``tracking.tracking_uri`` and the store in use; None for any other exception. Found by where it was
+    raised (a frame in the mlflow package) or its type (an ``MlflowException``)."""
+    import sys
+    from pathlib import Path
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or isinstance(exc, ConfigError) or not isinstance(exc, Exception):
+        return None
+    from mlflow.exceptions import MlflowException
+
+    package = Path(mlflow.__file__).resolve().parent
+    frames = traceback_paths(exc)
+    if not isinstance(exc, MlflowException) and not any(p.is_relative_to(package) for p in frames):
+        return None
+    try:
+        uri = mlflow.get_tracking_uri()
+    except Exception:  # noqa: BLE001 - the store itself is what failed
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "?")
+    detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    if len(detail) > 300:
+        detail = detail[:300] + " …"
+    return (
+        f"tracking.tracking_uri={uri}: the MLflow store failed ({type(exc).__name__}: {detail}). Fix: check "
+        "that the store is reachable and writable (a running server, a writable sqlite file), or point "
+        "tracking.tracking_uri at another store, e.g. sqlite:///mlflow.db"
+    )
+
+
+def traceback_paths(exc: BaseException) -> list[Any]:
+    """The source files of the frames ``exc`` passed through, resolved."""
+    import traceback
+    from pathlib import Path
+
+    return [Path(frame.filename).resolve() for frame in traceback.extract_tb(exc.__traceback__)]
