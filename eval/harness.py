@@ -285,8 +285,14 @@ class Evaluator:
         self.source = getattr(engine, "draw_source", None)
         self.answer_generator = policy_generator(cfg, model, tokenizer, ("</answer>",))
         self.agent_generator = policy_generator(cfg, model, tokenizer, STOP_STRINGS)
-        # close(): release now, once; else when the evaluator is collected (run_eval returns)
-        self.close = weakref.finalize(self, release_policy, model, generation_backend(cfg))
+        # released by close(), once; else when the evaluator is collected
+        self._release = weakref.finalize(self, release_policy, model, generation_backend(cfg))
+
+    def close(self) -> None:
+        """Release the policy now, once (a vLLM engine's GPU memory, a server's connections), and drop it: a
+        closed evaluator, kept alive by whatever holds it, keeps no engine."""
+        self._release()
+        self.answer_generator = self.agent_generator = None
 
     def _answer(
         self, batch: Sequence[QAExample], prompts: Sequence[str], docs: Sequence[Sequence[Document]] | None

@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import HarnessConfig, Sample
-from eval.harness import DatasetResult, Evaluator, empty_dataset_error, load_policy, markdown_table, table
+from eval.harness import (
+    DatasetResult,
+    Evaluator,
+    empty_dataset_error,
+    generation_backend,
+    load_policy,
+    markdown_table,
+    release_policy,
+    table,
+)
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.data.jsonl import write_jsonl
@@ -178,7 +187,6 @@ def run_eval(
     the search engine (every method but ``direct``) comes from
     ``build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)`` — the app's factory,
     :func:`zerosim.engines.build_search_engine` — called once the datasets and the policy have loaded."""
-    import mlflow
     import torch
 
     from zerosim.core.models import load_tokenizer
@@ -187,12 +195,41 @@ def run_eval(
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
     check_tracking_uri(cfg.tracking.tracking_uri)  # and the MLflow store it will write
     check_output_folder(Path(cfg.output_dir) / run_name(cfg), "output_dir")  # and the folder it writes
-    tokenizer = load_tokenizer(cfg.policy)
-    model = load_policy(cfg)  # by generation: a transformers model, a vLLM engine, the policy server
     if cfg.method != "direct" and build_engine is None:
         raise TypeError(f"method {cfg.method} needs build_engine= (zerosim.engines.build_search_engine)")
-    engine = None if cfg.method == "direct" else build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)
-    evaluator = Evaluator(cfg, model, tokenizer, engine)
+    tokenizer = load_tokenizer(cfg.policy)
+    evaluator = _evaluator(cfg, tokenizer, build_engine)
+    # closed however the run ends, and held by nothing after: a frame kept past its end (any traceback kept
+    # from under it holds it) would keep a vLLM engine, which the next eval stage in this process needs room for
+    try:
+        return _evaluate(cfg, evaluator, loaded, progress)
+    finally:
+        evaluator.close()
+        del evaluator
+
+
+def _evaluator(cfg: HarnessConfig, tokenizer, build_engine: Callable[..., SearchEngine] | None) -> Evaluator:
+    """The policy loaded (by generation: a transformers model, a vLLM engine, the policy server), then the
+    search engine built, in an :class:`Evaluator` that releases the policy when closed; released here if the
+    engine or the evaluator fails."""
+    model = load_policy(cfg)
+    try:
+        engine = None if cfg.method == "direct" else build_engine(cfg.search, seed=cfg.seed, dtype=cfg.dtype)
+        return Evaluator(cfg, model, tokenizer, engine)
+    except BaseException:
+        release_policy(model, generation_backend(cfg))
+        raise
+    finally:
+        del model  # the evaluator holds it now; this frame must not, should it outlive its call
+
+
+def _evaluate(
+    cfg: HarnessConfig, evaluator: Evaluator, loaded: list[tuple[str, list]], progress: bool
+) -> EvalResult:
+    """Every dataset of ``loaded`` evaluated in one MLflow run; the table and every question's scores written
+    to ``<output_dir>/<run name>`` and logged."""
+    import mlflow
+
     engine_name = "none" if cfg.method == "direct" else cfg.search.engine
     name = run_name(cfg)
     out_dir = Path(cfg.output_dir) / name

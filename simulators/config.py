@@ -214,6 +214,8 @@ class SimulatorTrainConfig:
     gradient_accumulation_steps: int = ranged(1, ">=1")
     # longest tokenised example kept (longer ones are truncated)
     max_length: int = ranged(512, ">=1")
+    # recompute activations in the backward instead of keeping them (less memory, ~30% more time)
+    gradient_checkpointing: bool = False
     # train a LoRA adapter (peft) instead of all weights
     lora: bool = False
     # LoRA rank

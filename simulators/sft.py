@@ -190,7 +190,7 @@ def _trainer_args(cfg: SimulatorTrainConfig, out: Path) -> dict[str, Any]:
         seed=cfg.seed,
         data_seed=cfg.seed,
         max_length=cfg.max_length,
-        gradient_checkpointing=False,
+        gradient_checkpointing=cfg.gradient_checkpointing,
         dataloader_num_workers=0,
     )
 

@@ -187,6 +187,66 @@ def test_vllm_generates_each_turn_of_a_batch_in_one_call_as_the_hf_path_does(
     assert fake.released == 1  # the engine's GPU memory is given back once
 
 
+@pytest.mark.parametrize("first", ["returns", "raises"])
+def test_two_eval_runs_in_one_process_leave_one_vllm_engine_alive(
+    first, tiny_model_dir, tiny_lm, tokenizer, tmp_path, monkeypatch
+):
+    """Two eval stages in one process (``zerosim experiment``): the first stage's vLLM engine is shut down and
+    gone before the second builds its own (on a GPU both would not fit) — also when the first run raised, and
+    when something keeps the first run's frame alive (a library keeping an import error raised under it, as
+    one did: its traceback holds every calling frame)."""
+    import gc
+    import weakref
+
+    from eval.run import run_eval
+
+    fake = FakeVLLM(tiny_lm, tokenizer)
+    vllm = fake.module()
+    engines: list[weakref.ref] = []
+    alive_when_built: list[list[bool]] = []  # for each engine built: which engines built before are alive
+
+    class LLM(vllm.LLM):
+        def __init__(self, **kwargs):
+            gc.collect()
+            alive_when_built.append([e() is not None for e in engines])
+            super().__init__(**kwargs)
+            engines.append(weakref.ref(self))
+
+    vllm.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the fake decodes on the CPU
+    kept: list[ImportError] = []
+
+    class Gone(CapitalsEngine):
+        def search(self, requests, k):
+            raise RuntimeError("the search server went away")
+
+    def build_engine(*args, **kwargs):
+        try:
+            import zerosim_optional_extra  # noqa: F401
+        except ImportError as exc:
+            kept.append(exc)  # held for good, and with it the frames that called this one
+        return Gone() if first == "raises" and len(engines) == 1 else CapitalsEngine()
+
+    def stage(name: str) -> EvalConfig:
+        return config(
+            tiny_model_dir, "rag", generation="vllm", limit=2, run_name=name, output_dir=tmp_path / "out",
+            **{"tracking.tracking_uri": f"sqlite:///{tmp_path}/m.db"},
+        )  # fmt: skip
+
+    if first == "raises":
+        with pytest.raises(RuntimeError, match="went away"):
+            run_eval(stage("one"), build_engine=build_engine, progress=False)
+    else:
+        run_eval(stage("one"), build_engine=build_engine, progress=False)
+    assert fake.released == 1  # the first engine shut down when its run ended
+    run_eval(stage("two"), build_engine=build_engine, progress=False)
+    assert alive_when_built == [[], [False]]  # the first engine was gone before the second was built
+    assert fake.released == 2 and len(kept) == 2
+    gc.collect()
+    assert [e() for e in engines] == [None, None]
+
+
 # -- a served policy: the in-process OpenAI-compatible server, for real ------------------------------------------
 @pytest.fixture(scope="module")
 def policy_server(tiny_model_dir, tiny_lm, tokenizer):

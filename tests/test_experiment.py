@@ -804,9 +804,13 @@ def test_no_simulator_stages_when_no_arm_trains_against_one(tmp_path):
     from zerosim.experiment import build_stages, load_experiment
 
     sweep = ROOT / "configs" / "experiments" / "recipe-sweep-cpu.yaml"
-    cfg = load_experiment(sweep, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"])
+    cfg = load_experiment(
+        sweep, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"]
+    )
     names = [s.name for s in build_stages(cfg, tmp_path / cfg.name)]
     assert not [n for n in names if n.startswith("sim-")]
     assert "warmstart" in names and "train-base-s0" in names and "eval-none-s0-bm25" in names
-    smoke = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"])
+    smoke = load_experiment(
+        SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"]
+    )
     assert "sim-sft" in [s.name for s in build_stages(smoke, tmp_path / smoke.name)]  # its sim arm needs one

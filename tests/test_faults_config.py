@@ -124,7 +124,9 @@ def test_every_out_of_range_value_is_refused_with_a_fix_that_works(schema, cls, 
         assert f"set by override '{key}={bad}'" in message, message
         fix = re.search(rf"set e\.g\. {re.escape(key)}=(\S+)", message)
         assert fix, message
-        load_config(None, [f"{key}={fix.group(1)}", *companions], schema=schema)  # the suggested value is valid
+        load_config(
+            None, [f"{key}={fix.group(1)}", *companions], schema=schema
+        )  # the suggested value is valid
 
 
 def test_reward_weights_are_checked_per_metric():

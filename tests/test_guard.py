@@ -157,7 +157,8 @@ def test_guard_state_survives_a_resume():
 
 
 @pytest.mark.parametrize(
-    "setting", ["trainer.collapse_action=rollback", "trainer.final_policy=best", "trainer.collapse_val_drop=0.05"]
+    "setting",
+    ["trainer.collapse_action=rollback", "trainer.final_policy=best", "trainer.collapse_val_drop=0.05"],
 )
 def test_what_reads_validation_is_refused_without_it(setting):
     from zerosim.core.config import ConfigError

@@ -15,9 +15,30 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """This process as on the machine a GPU recipe is meant for: a CUDA device of 141 GB and vLLM installed
+    (without them, trainer.generation=vllm_* is refused: tests/test_vllm_modes.py)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import torch
+
+    vllm = types.ModuleType("vllm")
+    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=141e9)
+    )
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_every_recipe_passes_dry_run(recipe, tmp_path, zerosim_cli, monkeypatch):
+def test_every_recipe_passes_dry_run(recipe, tmp_path, zerosim_cli, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
+    if "generation: vllm" in recipe.read_text():  # a GPU recipe, planned as on its GPU machine
+        request.getfixturevalue("gpu_machine")
     out = zerosim_cli(
         "train", "--config", recipe, "--dry-run", "--processes", 8, env={"WORLD_SIZE": None}
     ).stdout
@@ -25,7 +46,7 @@ def test_every_recipe_passes_dry_run(recipe, tmp_path, zerosim_cli, monkeypatch)
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()  # nothing started
 
 
-def test_plan_batch_arithmetic_and_curriculum():
+def test_plan_batch_arithmetic_and_curriculum(gpu_machine):
     cfg = load_train_config(ROOT / "configs" / "zerosearch-qwen2.5-3b.yaml")
     rows = dict(plan(cfg, processes=8))
     assert rows["per step"] == "320 trajectories = 64 prompts x 5 rollouts"  # the paper's 64 x 5

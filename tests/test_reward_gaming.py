@@ -31,7 +31,9 @@ RECIPES = ["configs/demo.yaml", "configs/demo-learning.yaml"]
 def government_questions():
     """The fact-train questions about government types (where one answer covers ~half of them), each with its
     top BM25 document."""
-    questions = [q for q in load_questions("factbook", "fact-train") if q.metadata.get("kind") == "government_type"]
+    questions = [
+        q for q in load_questions("factbook", "fact-train") if q.metadata.get("kind") == "government_type"
+    ]
     retriever = real_retriever("bm25", "factbook", None)
     top = retriever.search([SearchRequest(query=q.question) for q in questions], 1)
     return questions, [docs[0].contents for docs in top]

@@ -127,7 +127,9 @@ def test_sequence_credit_pays_the_answer_for_the_documents_it_was_shown(tmp_path
     same wrong answer after the others pushed down — a gradient on the answer from the environment's draw."""
     out = stepped(tmp_path, tiny_model_dir, tokenizer, "grpo", "sequence")
     a = 0.2 / (math.sqrt(0.08) + 1e-4)  # (0.6 - 0.4) / std(0.6, 0.2)
-    assert out["advantages"].tolist() == pytest.approx([a, -a, 0.5 / (S0 + 1e-4), -0.5 / (S0 + 1e-4)], rel=1e-5)
+    assert out["advantages"].tolist() == pytest.approx(
+        [a, -a, 0.5 / (S0 + 1e-4), -0.5 / (S0 + 1e-4)], rel=1e-5
+    )
 
 
 PREFIX_EXPECTED = {
@@ -157,7 +159,9 @@ def test_prefix_credit_keeps_a_step_reward_to_the_tokens_of_its_search(
     assert out["advantages"].tolist() == [pytest.approx(row, rel=1e-5, abs=1e-6) for row in expected]
 
 
-def test_prefix_credit_without_step_rewards_is_the_algorithms_own_advantage(tmp_path, tiny_model_dir, tokenizer):
+def test_prefix_credit_without_step_rewards_is_the_algorithms_own_advantage(
+    tmp_path, tiny_model_dir, tokenizer
+):
     from zerosim.training.algorithms import prefix_credited_advantages
 
     for algorithm in ("grpo", "dr_grpo", "rloo", "reinforce"):
@@ -166,7 +170,9 @@ def test_prefix_credit_without_step_rewards_is_the_algorithms_own_advantage(tmp_
         got = prefix_credited_advantages(
             torch.tensor(REWARDS), torch.zeros(4), none, none.long(), 2, 6, algorithm
         )
-        torch.testing.assert_close(got, out["advantages"].float().view(4, 1).expand(4, 6), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            got, out["advantages"].float().view(4, 1).expand(4, 6), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_prefix_credit_reinforce_two_searches_and_an_unscorable_row():

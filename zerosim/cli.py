@@ -176,7 +176,20 @@ def train(
         None,
         "--processes",
         min=1,
-        help="With --dry-run: plan for N training processes (default: $WORLD_SIZE or 1).",
+        help="With --dry-run: plan for N training processes (default: the --launch-config's, $WORLD_SIZE or 1).",
+    ),
+    launch_config: Path = typer.Option(
+        None,
+        "--launch-config",
+        help="With --dry-run: the accelerate config the job is launched with (configs/accelerate/zero2.yaml): "
+        "its strategy (DDP, ZeRO-1/2/3, FSDP2) and processes plan the memory per GPU.",
+    ),
+    gpu_memory: float = typer.Option(
+        None,
+        "--gpu-memory",
+        min=1,
+        help="With --dry-run: GB of memory per GPU to check the memory plan against (80: H100, 141: H200; "
+        "default: this machine's GPU, if any).",
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
@@ -190,7 +203,12 @@ def train(
 
         from zerosim.training.dry_run import plan
 
-        rows = plan(cfg, processes)  # reads the data files, loads no weights
+        if launch_config is not None and processes is None:
+            from zerosim.training.memory import launch_from_config
+
+            processes = launch_from_config(launch_config).processes  # ConfigError: one line, exit 2
+        # reads the data files, loads no weights
+        rows = plan(cfg, processes, launch_config=launch_config, gpu_memory=gpu_memory)
         table = Table(title=f"zerosim train {config or ''} (dry run: nothing loaded)", show_header=False)
         for item, value in rows:
             table.add_row(item, value)

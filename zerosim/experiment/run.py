@@ -445,7 +445,9 @@ def _run_locked(
                 shutil.rmtree(stage.dir(root))
             because = f" [{why}]" if why and current != "reuse" else ""
             echo(f"[{number[stage.name]}/{len(stages)}] {stage.name}: {current} ({describe(stage)}){because}")
-            reads = read_by(stage, by_name, lambda s: read_stage(s, root))  # the models there as it starts: what it reads
+            reads = read_by(
+                stage, by_name, lambda s: read_stage(s, root)
+            )  # the models there as it starts: what it reads
             cpu_before = cpu_times()
             with StageClock(stage.dir(root), continuing=current == "continue") as clock:
                 try:

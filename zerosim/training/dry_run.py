@@ -10,7 +10,6 @@ with the same error. Every value was range-checked when the config loaded (each 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from zerosim.core.models import describe_model
 from zerosim.core.tracking import check_tracking_uri
 from zerosim.engines import EngineName, check_noise_config, describe_rerank, preflight
 from zerosim.training.config import TrainConfig
+from zerosim.training.vllm_modes import planned_generation
 
 
 def _data(source: str, split: str, key: str, use: int | None = None) -> str:
@@ -136,25 +136,26 @@ def _threads(cfg: TrainConfig) -> str:
 
 
 def plan(
-    cfg: TrainConfig, processes: int | None = None, resume: tuple[Path | None, str | None] | None = None
+    cfg: TrainConfig,
+    processes: int | None = None,
+    resume: tuple[Path | None, str | None] | None = None,
+    *,
+    launch_config: Path | None = None,
+    gpu_memory: float | None = None,
 ) -> list[tuple[str, str]]:
     """The resolved job as (item, value) rows; raises what start-up would raise, before any weight loads:
     :class:`ConfigError`, ``ModelError`` (a missing local model) or ``DataError`` (a malformed, non-UTF-8 or
     empty data file: data.train, validation.data, warmstart.data — every row is read). ``resume``: the
-    :func:`~zerosim.training.checkpoint.resume_point` the caller already took (``train`` does, before this)."""
+    :func:`~zerosim.training.checkpoint.resume_point` the caller already took (``train`` does, before this).
+    Last, the memory plan per GPU (:mod:`zerosim.training.memory`) under ``launch_config`` (an accelerate config;
+    default: this process's launcher, else DDP over ``processes``) against a card of ``gpu_memory`` GB."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
     trajectories = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
     curve = describe_curve(curriculum_schedule(c, t.max_steps), c.steps(t.max_steps))
-    vllm = (
-        "installed"
-        if importlib.util.find_spec("vllm")
-        else "not installed here: needed on the training machine"
-    )
-    generation = t.generation if t.generation == "hf" else f"{t.generation} (vLLM {vllm})"
-    if t.generation == "vllm_server":
-        generation += f", server {check_url(t.vllm_server_url, 'trainer.vllm_server_url')}"
+    # checked as at start: no CUDA (TRL's weight sync needs it), no vLLM, a dead server
+    generation = planned_generation(cfg, gpu_memory)
     from zerosim.training.checkpoint import resume_point
 
     check_noise_config(cfg.search, c)  # a noisy curriculum over a retriever that would leave its slots empty
@@ -192,4 +193,7 @@ def plan(
         ("checkpoints", f"every {t.save_steps} steps, {t.save_total_limit} kept" if t.save_steps else "final only" if t.save_final else "none"),
         ("MLflow", f"{cfg.tracking.tracking_uri}, experiment {cfg.tracking.experiment}"),
     ]  # fmt: skip
+    from zerosim.training.memory import memory_rows
+
+    rows += memory_rows(cfg, processes, launch_config, gpu_memory)
     return rows

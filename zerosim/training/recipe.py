@@ -51,6 +51,7 @@ from zerosim.training.guard import CollapseGuard, StopOnSigterm
 from zerosim.training.speedups import cpu_autocast_bf16, machine_line
 from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
+from zerosim.training.vllm_modes import require_vllm  # no CUDA, no vLLM, no server: refused
 
 
 @dataclass
@@ -134,7 +135,7 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
         report_to=[],  # MLflow: train() adds tracking.trainer_mlflow_callback (each metric once per step)
         use_cpu=not on_gpu,
         bf16=on_gpu and t.bf16 is not False,  # on CPU: SearchTrainer's own autocast (update_bf16)
-        gradient_checkpointing=False,
+        gradient_checkpointing=t.gradient_checkpointing,  # the memory plan: zerosim/training/memory.py
         dataloader_num_workers=0,
         disable_tqdm=False,
         **vllm_args(cfg),
@@ -161,23 +162,6 @@ def vllm_args(cfg: TrainConfig) -> dict[str, Any]:
         "generation_kwargs": {"stop": list(STOP_STRINGS), "include_stop_str_in_output": True},
         "top_p": r.top_p,
     }
-
-
-def require_vllm(cfg: TrainConfig) -> None:
-    """A clear error, before any weight is loaded, when ``trainer.generation`` asks for vLLM it cannot have."""
-    import importlib.util
-
-    if cfg.trainer.generation == "hf":
-        return
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            f"trainer.generation={cfg.trainer.generation} needs vLLM, which is not installed here; install it on "
-            "a CUDA machine (pip install vllm, the version TRL supports) or use trainer.generation=hf"
-        )
-    if cfg.trainer.generation == "vllm_colocate" and not torch.cuda.is_available():
-        raise ConfigError(
-            "trainer.generation=vllm_colocate needs a CUDA GPU; use trainer.generation=hf on CPU"
-        )
 
 
 def _reusable_warmstart(cfg: TrainConfig, output_dir: Path) -> bool:
@@ -523,6 +507,8 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
     critic = None
     if spec_of(t.algorithm).needs_critic:
         critic = Critic.from_pretrained(t.critic_model or job.policy_model, cfg.policy.dtype)
+        if t.gradient_checkpointing:  # the critic's own backward, as the policy's
+            critic.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = SearchTrainer(
         algorithm=t.algorithm,
         critic=critic,

@@ -147,7 +147,7 @@ def run_warmstart(
         bf16=on_gpu,
         seed=seed,
         max_length=None,
-        gradient_checkpointing=False,  # TRL turns it on by default; on small models it only costs time
+        gradient_checkpointing=cfg.gradient_checkpointing,  # TRL's default is on; on small models it costs time
         dataloader_num_workers=0,
     )
     target = output_dir / "final"
