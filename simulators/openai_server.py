@@ -31,6 +31,7 @@ before its next decode step. Connections that stay idle or never finish sending 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -40,6 +41,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -572,6 +574,31 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
+@dataclass(frozen=True)
+class VLLMEngineArgs:
+    """The ``vllm serve`` engine arguments ``zerosim simulator serve`` forwards (None: vLLM's default)."""
+
+    # share of the GPU's memory vLLM takes for weights and KV cache (vLLM: 0.9); a GPU of its own takes 0.9
+    gpu_memory_utilization: float | None = None
+    # GPUs the simulator is split over (a 14B simulator fits one 80 GB GPU in bf16)
+    tensor_parallel_size: int | None = None
+    # longest prompt + completion served; less than the model's context leaves more KV cache
+    max_model_len: int | None = None
+
+    def flags(self) -> list[str]:
+        """The set fields as ``--gpu-memory-utilization 0.9``-style flags."""
+        return [
+            part
+            for name, value in dataclasses.asdict(self).items()
+            if value is not None
+            for part in (f"--{name.replace('_', '-')}", str(value))
+        ]
+
+    def given(self) -> list[str]:
+        """The set fields' names."""
+        return [name for name, value in dataclasses.asdict(self).items() if value is not None]
+
+
 def vllm_command(
     model: str,
     *,
@@ -579,11 +606,14 @@ def vllm_command(
     port: int = DEFAULT_PORT,
     served_model_name: str | None = None,
     lora: Mapping[str, str] | None = None,
+    dtype: str = "auto",
+    engine: VLLMEngineArgs | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The ``vllm serve`` command line for the simulator."""
+    """The ``vllm serve`` command line for the simulator; ``engine``'s unset fields are left to vLLM."""
     command = [shutil.which("vllm") or "vllm", "serve", model, "--host", host, "--port", str(port)]
-    command += ["--served-model-name", served_model_name or model]
+    command += ["--served-model-name", served_model_name or model, "--dtype", dtype]
+    command += (engine or VLLMEngineArgs()).flags()
     if lora:
         command += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in lora.items())]
     return [*command, *extra_args]
@@ -597,6 +627,7 @@ def start_simulator_server(
     *,
     served_model_name: str | None = None,
     dtype: str = "auto",
+    engine: VLLMEngineArgs | None = None,
     extra_args: Sequence[str] = (),
     use_vllm: bool | None = None,
     max_waiting: int = DEFAULT_MAX_WAITING,
@@ -605,7 +636,8 @@ def start_simulator_server(
     """Serve the simulator until interrupted; returns the exit status (0 after a clean in-process stop).
 
     ``use_vllm=None`` picks ``vllm serve`` (a subprocess) when :func:`vllm_available`, else the in-process
-    server. Clients ask for ``served_model_name`` (default: ``model`` as given, e.g. ``smollm2``) or an adapter
+    server. ``dtype`` and ``engine`` (its memory share, tensor parallelism, longest sequence) go to vLLM
+    too; the in-process server refuses ``engine`` fields. Clients ask for ``served_model_name`` (default: ``model`` as given, e.g. ``smollm2``) or an adapter
     name. ``extra_args`` go to ``vllm serve`` (``--max-model-len 4096``, ``--max-lora-rank 64``, ...).
     ``max_waiting`` and ``request_timeout`` (seconds to receive a whole request) are the in-process server's
     (vLLM aborts a disconnected client's request itself).
@@ -619,12 +651,23 @@ def start_simulator_server(
         use_vllm = vllm_available()
     if use_vllm:
         command = vllm_command(
-            path, host=host, port=port, served_model_name=name, lora=adapters, extra_args=extra_args
+            path,
+            host=host,
+            port=port,
+            served_model_name=name,
+            lora=adapters,
+            dtype=dtype,
+            engine=engine,
+            extra_args=extra_args,
         )
         logger.info("starting %s", " ".join(command))
         return subprocess.run(command, check=False).returncode
-    if extra_args:
-        raise ValueError(f"extra_args {list(extra_args)} are vllm serve flags; vLLM is not used here")
+    vllm_only = [*(engine.given() if engine else []), *extra_args]
+    if vllm_only:
+        raise ValueError(
+            f"{', '.join(vllm_only)} are vllm serve arguments, but vLLM is not used here (no vLLM or no GPU): "
+            "drop them, or serve on a GPU machine with vLLM installed"
+        )
     serve_openai(
         path,
         host,

@@ -385,13 +385,21 @@ EXPERIMENT_INPUTS = [
     "args, words", [c[1:] for c in EXPERIMENT_INPUTS], ids=[c[0] for c in EXPERIMENT_INPUTS]
 )
 def test_experiment_refuses_what_a_later_stage_would_read(cli, files, tmp_path, args, words):
-    """The dry run refuses it in one line; a real run refuses it before its first stage (nothing written)."""
+    """The dry run prints its plan and lists it under the plan (exit 2, issue 36: a user reads the plan before
+    fetching what is missing); a real run refuses it before its first stage (nothing written)."""
     from zerosim.experiment import load_experiment, run_experiment
 
     args = _fill(args, files)
     base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path / 'exp'}"]
     (tmp_path / "a-file").write_text("not a folder\n")  # the cli fixture runs in tmp_path
-    _fails_cleanly(cli("experiment", "--config", SMOKE, "--dry-run", *base, *args), *words)
+    result = cli("experiment", "--config", SMOKE, "--dry-run", *base, *args)
+    if result.output.startswith("error: "):  # a setting refused as the config loads: one line
+        _fails_cleanly(result, *words)
+    else:  # an input a stage reads: listed under the plan
+        assert result.exit_code == 2 and "Traceback" not in result.output, (result.output, result.exception)
+        plan, _, listed = result.output.partition("missing inputs (")
+        assert "report" in plan and listed, result.output  # the plan first, then what is missing
+        assert all(word in listed for word in words), (words, listed)
     with pytest.raises(Exception) as err:
         run_experiment(load_experiment(SMOKE, [*base, *args]), echo=lambda line: None)
     assert all(word in str(err.value) for word in words), str(err.value)

@@ -57,3 +57,37 @@ def test_every_recipe_agrees_with_the_launch_config(launch, tmp_path, monkeypatc
         ds.trainer_config_process(args)
         assert not ds.mismatches, f"{recipe.name} under {launch.name}: {ds.mismatches}"
     assert os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+
+
+def launch_args(config_file: Path):
+    """The arguments `accelerate launch --config_file X` runs with, its config's values filled in."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "train.py"])
+    return _validate_launch_command(args)[0]
+
+
+def test_seven_gpu_launcher_leaves_the_eighth_gpu_to_the_simulator(monkeypatch):
+    """7 ranks on GPUs 0-6 (accelerate sets CUDA_VISIBLE_DEVICES for them), GPU 7 free for `vllm serve`."""
+    import accelerate.utils.launch as accelerate_launch
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    launch = ROOT / "configs" / "accelerate" / "zero2-7.yaml"
+    args = launch_args(launch)
+    assert args.num_processes == 7 and args.num_machines == 1
+    assert args.gpu_ids == "0,1,2,3,4,5,6"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args.deepspeed_fields_from_accelerate_config = ""  # as launch_command sets it (deepspeed_plugin above)
+    # as on a GPU machine: accelerate names the CUDA variable only where the backend is cuda
+    monkeypatch.setattr(accelerate_launch, "get_torch_accelerator_backend", lambda **kw: ("cuda", None))
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6"
+    assert deepspeed_plugin(launch, monkeypatch).deepspeed_config["zero_optimization"]["stage"] == 2
+
+
+def test_multi_node_launcher_runs_the_same_command_on_every_node():
+    """Two nodes: the `standard` DeepSpeed multinode launcher is torchrun on each node (the command the config
+    documents); without it accelerate starts pdsh from node 0 with a hostfile, which this layout has not."""
+    args = launch_args(ROOT / "configs" / "accelerate" / "multi-node.yaml")
+    assert args.num_machines == 2 and args.num_processes % args.num_machines == 0
+    assert args.deepspeed_multinode_launcher == "standard"

@@ -315,9 +315,10 @@ def experiment(
             sources.update({s.name: source / s.name for s in coming})
             names = ", ".join(s.name for s in coming) or "none new"
             console.print(f"would import {len(coming)} stages from {source}: {names}")
+        missing: list[str] = []  # listed under the plan: the plan is readable before the downloads
         with preview(build_stages(cfg, root), root, sources) if sources else nullcontext(root) as seen:
             stages = build_stages(cfg, seen)
-            rows = plan_rows(cfg, stages, seen)
+            rows = plan_rows(cfg, stages, seen, missing)
         table = Table(title=f"zerosim experiment {config} -> {root} (dry run: nothing loaded)")
         for column in ("stage", "status", "estimate", "what"):
             table.add_column(column)
@@ -326,6 +327,13 @@ def experiment(
         total = sum(float(r[2].split()[0]) for r in rows)
         table.caption = f"estimated {total:.0f} min for the stages to run ({rates_basis(stages)})"
         Console(width=200).print(table)
+        if missing:  # the run refuses these before its first stage
+            missing = list(dict.fromkeys(missing))  # one line per problem, however many stages read the input
+            lines = "\n".join(f"  - {problem}" for problem in missing)
+            typer.echo(
+                f"missing inputs ({len(missing)}): the run refuses to start until they are there\n{lines}"
+            )
+            raise typer.Exit(code=2)
         return
     for source in import_ or []:
         with folder_lock(root):  # not while another process runs the experiment there
@@ -460,7 +468,23 @@ def simulator_serve(
     served_model_name: str = typer.Option(
         None, "--served-model-name", help="Name clients ask for (default: --model)."
     ),
-    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 (in-process server only)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 (vLLM and in-process)."),
+    gpu_memory_utilization: float = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        min=0.01,
+        max=1.0,
+        help="vLLM only: share of the GPU's memory to take (vLLM's default 0.9; a GPU shared with training less).",
+    ),
+    tensor_parallel_size: int = typer.Option(
+        None, "--tensor-parallel-size", min=1, help="vLLM only: GPUs to split the simulator over."
+    ),
+    max_model_len: int = typer.Option(
+        None,
+        "--max-model-len",
+        min=1,
+        help="vLLM only: longest prompt + completion (less context, more KV cache).",
+    ),
     threads: int = _threads_option(),
     max_waiting: int = typer.Option(
         64,
@@ -482,7 +506,7 @@ def simulator_serve(
     # made a served batch 6.8x slower than in-process on 2 cores (docs/simulator.md). Read once, when torch
     # loads (next line), so it is set here; a user's own value is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from simulators.openai_server import start_simulator_server
+    from simulators.openai_server import VLLMEngineArgs, start_simulator_server
     from zerosim.core.runtime import apply_threads
 
     apply_threads(threads)
@@ -494,6 +518,7 @@ def simulator_serve(
         port,
         served_model_name=served_model_name,
         dtype=dtype,
+        engine=VLLMEngineArgs(gpu_memory_utilization, tensor_parallel_size, max_model_len),
         max_waiting=max_waiting,
         request_timeout=request_timeout,
     )

@@ -19,7 +19,7 @@ from typing import Any
 from curricula import describe_noise
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
 from zerosim.core.fsutil import atomic_write_text
-from zerosim.engines import EngineName
+from zerosim.engines import EngineName, SearchConfig
 from zerosim.experiment.config import ExperimentConfig
 from zerosim.job_config import EvalConfig, SimulatorCollectConfig
 from zerosim.training.config import TrainConfig
@@ -278,7 +278,29 @@ def _eval_units(c: EvalConfig) -> float:
 def _describe_train(stage: Stage) -> str:
     c = stage.config
     t, cur = c.trainer, c.curriculum
-    return f"{t.algorithm} {t.max_steps} steps x {t.per_device_train_batch_size * t.gradient_accumulation_steps} traj, search={c.search.engine}, {describe_noise(cur)}"
+    return f"{t.algorithm} {t.max_steps} steps x {t.per_device_train_batch_size * t.gradient_accumulation_steps} traj, search={describe_search(c.search)}, {describe_noise(cur)}"
+
+
+def describe_search(s: SearchConfig) -> str:
+    """``search.engine`` and what answers it: the simulator (its model, served at a URL or in every process)
+    and the real retriever (a server's URL, or the index each process loads)."""
+    engine = EngineName(s.engine)
+    parts = []
+    if engine.simulated:
+        sim = s.simulator
+        served = sim.backend == "openai"
+        parts.append(f"simulator at {sim.url}" if served else f"simulator {sim.model} in process")
+        if served:
+            parts[-1] += f" ({sim.served_model or sim.model})"
+    real = EngineName(s.mixed.real) if engine == EngineName.mixed else engine
+    if real == EngineName.http:
+        parts.append(f"retriever at {s.http.url}")
+    elif real in (EngineName.bm25, EngineName.dense):
+        index = getattr(s, real.value)
+        parts.append(f"{real.value} {index.index_dir or index.corpus} in process")
+    elif real == EngineName.hybrid:
+        parts.append("bm25 + dense in process")
+    return f"{engine} ({'; '.join(parts)})" if parts else str(engine)
 
 
 @dataclass(frozen=True)

@@ -161,21 +161,34 @@ def reused_files(stage: Stage, done: dict[str, Any], root: Path) -> str | None:
     )
 
 
-def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
+def check_inputs(
+    cfg: ExperimentConfig, stages: Sequence[Stage] = (), missing: list[str] | None = None
+) -> None:
     """What a later stage would read, checked before the first one runs (and by ``--dry-run``): the held-out
     datasets that are local files, a ready simulator given as a path, the MLflow store, the training launcher,
     and for each of ``stages`` the inputs no other stage produces — its training and warm-start questions,
     the corpora, indexes, servers and reranker of its real retrievers — so a typo does not cost every
-    training arm before the first evaluation stops on it."""
+    training arm before the first evaluation stops on it.
+
+    With a ``missing`` list (the dry run), a refused input is appended to it and the checks go on, so the plan
+    is printed with every missing file listed under it; without one, the first is raised."""
     from eval.run import dataset_names
     from zerosim.core.config import ConfigError
     from zerosim.core.data.embedded import SPLITS
+    from zerosim.core.data.qa import DataError
     from zerosim.core.data.spec import parse_qa_spec
     from zerosim.core.models import ModelError, resolve_model
     from zerosim.core.tracking import check_tracking_uri
 
-    check_tracking_uri(cfg.tracking.tracking_uri)
-    for name, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
+    def checked(check: Callable[[], Any]) -> None:
+        try:
+            check()
+        except (ConfigError, DataError) as exc:
+            if missing is None:
+                raise
+            missing.append(str(exc))
+
+    def held_out(name: str, source: str, split: str) -> None:
         spec = parse_qa_spec(source, split)
         if spec.path is not None and not spec.path.exists():
             raise ConfigError(
@@ -189,11 +202,18 @@ def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
                 f"eval.datasets: the embedded factbook has splits {', '.join(SPLITS)}, not {spec.split!r} "
                 "(eval.split or a :split suffix)"
             )
-    if cfg.simulator.model is not None:
+
+    def simulator_model() -> None:
         try:
             resolve_model(cfg.simulator.model)
         except ModelError as exc:
             raise ConfigError(f"simulator.model: {exc}") from None
+
+    check_tracking_uri(cfg.tracking.tracking_uri)
+    for name, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
+        checked(lambda name=name, source=source, split=split: held_out(name, source, split))
+    if cfg.simulator.model is not None:
+        checked(simulator_model)
     if cfg.train_launcher:
         import shlex
         import shutil as sh
@@ -204,7 +224,7 @@ def check_inputs(cfg: ExperimentConfig, stages: Sequence[Stage] = ()) -> None:
                 f"train_launcher: {program!r} is not a program on PATH here; give the launcher's full path "
                 "(e.g. `accelerate launch --num_processes 8`, with accelerate installed) or leave it unset"
             )
-    _stage_inputs(stages)
+    _stage_inputs(stages, checked)
 
 
 def _held_out_rows(cfg: ExperimentConfig, name: str, source: str, split: str) -> None:
@@ -224,7 +244,7 @@ def _held_out_rows(cfg: ExperimentConfig, name: str, source: str, split: str) ->
         raise empty_dataset_error(name, source)
 
 
-def _stage_inputs(stages: Sequence[Stage]) -> None:
+def _stage_inputs(stages: Sequence[Stage], checked: Callable[[Callable[[], Any]], None]) -> None:
     """Each stage's own inputs (what no stage before it writes), read as its job would read them first."""
     from zerosim.engines import EngineName, preflight
     from zerosim.training.dry_run import _data
@@ -234,11 +254,12 @@ def _stage_inputs(stages: Sequence[Stage]) -> None:
     def once(key: tuple[str, ...], check: Callable[[], Any]) -> None:
         if key not in read:
             read.add(key)
-            check()
+            checked(check)
 
     def search(c: Any, prefix: str) -> None:  # the simulator's model is another stage's (or simulator.model)
+        # the same settings are checked once, named by the first stage that reads them
         if EngineName(c.engine) not in (EngineName.simulator, EngineName.mixed):
-            once(("search", prefix, repr(c)), lambda: preflight(c, prefix=prefix))
+            once(("search", prefix.split(": ")[-1], repr(c)), lambda: preflight(c, prefix=prefix))
 
     for stage in stages:
         c = stage.config
@@ -255,9 +276,12 @@ def _stage_inputs(stages: Sequence[Stage]) -> None:
             search(c.search, f"{stage.name}: search.")
 
 
-def plan_rows(cfg: ExperimentConfig, stages: Sequence[Stage], root: Path) -> list[tuple[str, str, str, str]]:
-    """(stage, status, estimate, what) for ``--dry-run``."""
-    check_inputs(cfg, stages)
+def plan_rows(
+    cfg: ExperimentConfig, stages: Sequence[Stage], root: Path, missing: list[str] | None = None
+) -> list[tuple[str, str, str, str]]:
+    """(stage, status, estimate, what) for ``--dry-run``; missing inputs go to ``missing`` when given
+    (:func:`check_inputs`), else the first is raised."""
+    check_inputs(cfg, stages, missing)
     est, notes = estimates(stages, root), estimate_notes(stages, root)
     plan = plan_statuses(stages, root)
     rows = []
