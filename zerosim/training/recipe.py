@@ -359,7 +359,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
         )
         _fit(job, trainer, state_callback)
         _after_training(job, trainer, rollout, guard, validation)
-        checkpoint = _save_final(job, trainer, tokenizer, validation)
+        checkpoint = _save_final(job, trainer, tokenizer, validation, guard)
         if job.main:  # last: its presence says the job trained to its end (an experiment's launcher reads it)
             import json
 
@@ -589,14 +589,16 @@ def _after_training(job: _Job, trainer, rollout, guard: CollapseGuard, validatio
         log_jsonl(validation.last_rows, "samples/validation.jsonl")
 
 
-def _save_final(job: _Job, trainer: SearchTrainer, tokenizer, validation) -> Path | None:
+def _save_final(
+    job: _Job, trainer: SearchTrainer, tokenizer, validation, guard: CollapseGuard
+) -> Path | None:
     """``trainer.save_final``: the policy (and tokenizer) in ``<run>/final``, written whole or not at all, the
     critic beside it; its path in MLflow, and the model itself with ``tracking.log_model``."""
     if not job.cfg.trainer.save_final:
         return None
     main = job.main
     checkpoint = job.output_dir / "final"
-    best = trainer_guard(trainer).best_dir if job.cfg.trainer.final_policy == "best" else None
+    best = guard.best_dir if job.cfg.trainer.final_policy == "best" else None
     with shared_atomic_directory(checkpoint, job.procs) as tmp:
         if best is not None:  # the best validated policy, as the guard kept it (model and tokenizer)
             if main:
@@ -613,7 +615,6 @@ def _save_final(job: _Job, trainer: SearchTrainer, tokenizer, validation) -> Pat
         import mlflow
 
         mlflow.set_tag("zerosim.checkpoint", str(checkpoint.resolve()))
-        guard = trainer_guard(trainer)
         if best is not None:
             mlflow.set_tag(
                 "zerosim.final_policy", f"best: step {guard.best_step}, val/em {guard.best_em:.4f}"
@@ -638,8 +639,3 @@ def _guard(cfg: TrainConfig) -> CollapseGuard:
         lr_factor=t.collapse_lr_factor,
         keep_best=t.final_policy == "best",
     )
-
-
-def trainer_guard(trainer) -> CollapseGuard:
-    """The :class:`CollapseGuard` among ``trainer``'s callbacks."""
-    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, CollapseGuard))

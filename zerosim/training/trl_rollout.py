@@ -145,8 +145,9 @@ def answer_signals(trajectories: Sequence[Trajectory], recent: deque[str]) -> di
     groups: dict[str, list[str]] = {}
     for t in trajectories:
         answers = groups.setdefault(t.question, [])
-        if t.answer is not None and normalize_answer(t.answer):
-            answers.append(normalize_answer(t.answer))
+        answer = normalize_answer(t.answer) if t.answer is not None else ""
+        if answer:
+            answers.append(answer)
     answered = [a for answers in groups.values() for a in answers]
     out: dict[str, float] = {}
     if answered:
