@@ -225,6 +225,27 @@ def test_resume_refuses_a_checkpoint_trained_with_another_config(finished_run):
     assert "run.name" in message  # the way out: a new run elsewhere
 
 
+def test_resume_continues_a_checkpoint_saved_before_a_setting_existed(finished_run):
+    """A release that adds a setting at its default (trainer.gradient_checkpointing) continues runs saved
+    before it (the stage keys read such settings the same way); the setting away from its default is a change."""
+    import torch
+
+    from zerosim.training.checkpoint import STATE_FILE, config_fingerprint
+    from zerosim.training.recipe import resume_point
+
+    folder, cfg = finished_run
+    checkpoint = folder / "checkpoint-3"
+    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    older = {k: v for k, v in state["config"].items() if not k.endswith(".gradient_checkpointing")}
+    assert len(older) == len(state["config"]) - 2  # the trainer's and the warm start's
+    state["config"], state["fingerprint"] = older, config_fingerprint(older)
+    torch.save(state, checkpoint / STATE_FILE)
+    assert resume_point(cfg, folder)[0] == checkpoint
+    cfg.trainer.gradient_checkpointing = True
+    with pytest.raises(ConfigError, match=r"trainer.gradient_checkpointing: '\(absent\)' in the checkpoint, True now"):
+        resume_point(cfg, folder)
+
+
 def test_resume_refuses_a_checkpoint_of_another_run(finished_run):
     from zerosim.training.recipe import resume_point
 

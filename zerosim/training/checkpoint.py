@@ -91,6 +91,23 @@ def resumed_changes(cfg: TrainConfig, params: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def config_changes(state: dict[str, Any], bound: dict[str, Any]) -> list[str] | None:
+    """How the config a checkpoint was saved with (``state``) differs from ``bound`` (:func:`bound_config`), one
+    line per setting; ``None`` when the fingerprints match. A setting the checkpoint lacks that is at its
+    default now was added by a later release at a default that changes nothing (as stage keys read it), so it
+    is no difference: a run started before ``trainer.gradient_checkpointing`` existed continues."""
+    if state.get("fingerprint") == config_fingerprint(bound):
+        return None
+    saved = state.get("config", {})
+    defaults = bound_config(TrainConfig())
+    return [
+        f"{k}: {saved.get(k, '(absent)')!r} in the checkpoint, {bound.get(k, '(absent)')!r} now"
+        for k in sorted(set(saved) | set(bound))
+        if not (k not in saved and k in bound and k in defaults and bound[k] == defaults[k])
+        and (k not in saved or k not in bound or saved[k] != bound[k])
+    ]
+
+
 def config_fingerprint(bound: dict[str, Any]) -> str:
     """sha256 of a :func:`bound_config`."""
     return hashlib.sha256(json.dumps(bound, sort_keys=True).encode()).hexdigest()
@@ -370,13 +387,8 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
             "another run.name or run.output_dir."
         )
     bound = bound_config(cfg)
-    if state.get("fingerprint") != config_fingerprint(bound):
-        saved = state.get("config", {})
-        differ = [
-            f"{k}: {saved.get(k, '(absent)')!r} in the checkpoint, {bound.get(k, '(absent)')!r} now"
-            for k in sorted(set(saved) | set(bound))
-            if k not in saved or k not in bound or saved[k] != bound[k]
-        ]
+    differ = config_changes(state, bound)
+    if differ is not None and (differ or not state.get("config")):
         raise CheckpointError(
             f"resume=true, but run {run_id}'s {checkpoint.name} was trained with another config — "
             f"{'; '.join(differ[:8]) or 'no config recorded (an older zerosim)'}"
