@@ -258,7 +258,7 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
 
     from zerosim.core.config import load_config
     from zerosim.experiment import ExperimentConfig
-    from zerosim.experiment.kinds import Stage, run_stage
+    from zerosim.experiment.kinds import Stage, launch_grace, run_stage
     from zerosim.training.config import TrainConfig
 
     client = mlflow.MlflowClient(mlflow_db)
@@ -273,6 +273,7 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
         "(out / 'final' / 'config.json').write_text('{}')\n"
         f"(out / 'result.json').write_text(json.dumps({{'run_id': '{run_id}', 'steps': 7, 'final': True}}))\n"
         "(out / 'argv.json').write_text(json.dumps(args))\n"
+        "import os; (out / 'grace').write_text(os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'])\n"
     )
     out = tmp_path / "stages" / "train-real-s0"
     train = load_config(
@@ -288,6 +289,29 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
     assert result == {"path": str(out / "real" / "final"), "run_id": run_id, "steps": 7}
     written = load_config(out / "train.yaml", schema=TrainConfig)
     assert written.run.output_dir == str(out) and written.run.resume is False
+    # torchrun's wait between its SIGTERM and its SIGKILL: a step and a checkpoint of the plan, not its 30 s
+    grace = int((out / "real" / "grace").read_text())
+    assert grace == launch_grace(train, argv) and grace >= 60
+
+
+def test_train_launcher_keeps_the_users_own_shutdown_timeout(tmp_path, mlflow_db, monkeypatch):
+    from zerosim.core.config import load_config
+    from zerosim.experiment import ExperimentConfig
+    from zerosim.experiment.kinds import Stage, run_stage
+    from zerosim.training.config import TrainConfig
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "900")
+    fake = tmp_path / "launcher.py"
+    fake.write_text("import os, sys; sys.exit(int(os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT']) % 256)\n")
+    out = tmp_path / "stages" / "train-real-s0"
+    train = load_config(
+        None,
+        [f"run.output_dir={out}", "run.name=real", f"tracking.tracking_uri={mlflow_db}"],
+        schema=TrainConfig,
+    )
+    cfg = ExperimentConfig(train_launcher=f"{sys.executable} {fake}")
+    with pytest.raises(RuntimeError, match=f"exit code {900 % 256}"):
+        run_stage(Stage("train-real-s0", "train", train, []), tmp_path, cfg, parent=None)
 
 
 @pytest.mark.parametrize(

@@ -127,3 +127,55 @@ def test_two_processes_uneven_turns_one_run(tmp_path, tiny_model_dir, qa_files):
     assert sorted((m.step, m.value) for m in questions) == [(0, 3.0), (1, 3.0), (2, 3.0)]  # summed over ranks
     searches = client.get_metric_history(run.info.run_id, "val/searches")
     assert {round(m.value, 6) for m in searches} == {round(1 / 3, 6)}  # only rank 1's one question searched
+
+
+def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny_model_dir, qa_files):
+    """One node's agent or one pod stopped: the SIGTERM reaches one rank. The ranks agree at the step's end, so
+    both stop after that step with its checkpoint (each saving its part), the job ends resumable (143 on each
+    rank), the MLflow run FAILED — instead of the signalled rank leaving the other in the next step's
+    collectives."""
+    import mlflow
+
+    from zerosim.core.config import load_config
+    from zerosim.core.signals import EXIT_CODE
+    from zerosim.training.checkpoint import last_complete_checkpoint, recorded_run, resume_point
+    from zerosim.training.config import TrainConfig
+
+    qa, corpus = qa_files
+    db = tmp_path / "mlflow.db"
+    trace = tmp_path / "trace"
+    overrides = [
+        f"run.output_dir={tmp_path / 'out'}", "run.name=mp", f"policy.model={tiny_model_dir}",
+        "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}", "trainer.max_steps=4",
+        "trainer.save_steps=0", "trainer.per_device_train_batch_size=2", "trainer.num_generations=2",
+        "rollout.max_new_tokens=8", "rollout.max_turns=1", "trainer.collapse_patience=0",
+        f"tracking.tracking_uri=sqlite:///{db}", "tracking.experiment=mp", "warmstart.enabled=false",
+        "validation.every=0",
+    ]  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "configs" / "accelerate" / "ddp-cpu.yaml"), "--main_process_port", "0",
+        str(ROOT / "tests" / "helpers" / "signal_one_rank.py"), "--config", str(ROOT / "configs" / "demo.yaml"),
+        *overrides,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "ZEROSIM_TRACE": str(trace),
+        "OMP_NUM_THREADS": "1",
+        "SIGNAL_RANK": "1",
+        "SIGNAL_STEP": "1",
+    }
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]  # stopped, not finished
+    assert [(trace / f"exit{r}").read_text() for r in (0, 1)] == [str(EXIT_CODE)] * 2  # resumable, each
+    rolled = [json.loads((trace / f"rank{r}.json").read_text())["rolled_out"] for r in (0, 1)]
+    assert rolled == [[0, 1], [0, 1]], output[-3000:]  # neither rank began step 2
+    assert "stopped by SIGTERM after step 2" in output  # the signalled rank
+    assert "stopped by another rank's SIGTERM or STOP file after step 2" in output  # the other, same step
+    folder = tmp_path / "out" / "mp"
+    assert last_complete_checkpoint(folder) == folder / "checkpoint-2"
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, "run.resume=true"], schema=TrainConfig)
+    assert resume_point(cfg, folder)[0] == folder / "checkpoint-2"  # the same run continues from it
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    assert mlflow.MlflowClient().get_run(recorded_run(folder)).info.status == "FAILED"

@@ -242,7 +242,9 @@ def test_resume_continues_a_checkpoint_saved_before_a_setting_existed(finished_r
     torch.save(state, checkpoint / STATE_FILE)
     assert resume_point(cfg, folder)[0] == checkpoint
     cfg.trainer.gradient_checkpointing = True
-    with pytest.raises(ConfigError, match=r"trainer.gradient_checkpointing: '\(absent\)' in the checkpoint, True now"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.gradient_checkpointing: '\(absent\)' in the checkpoint, True now"
+    ):
         resume_point(cfg, folder)
 
 

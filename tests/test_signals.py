@@ -97,6 +97,71 @@ def test_sigterm_in_training_saves_a_checkpoint_and_ends_the_run_failed(
     assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"
 
 
+def test_a_stop_file_in_the_run_folder_stops_like_a_sigterm_and_is_consumed(
+    tmp_path, tiny_model_dir, capitals, mlflow_db
+):
+    """`touch <run>/STOP`: for a launcher that would kill the job before a step can finish (torchrun before
+    torch 2.12 waits 30 s after its SIGTERM), the job stops after its step with a checkpoint, as on a SIGTERM."""
+    from zerosim.core.config import load_config
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.recipe import RESULT_FILE, resume_point
+
+    qa, corpus = capitals(8)
+    overrides = [
+        f"policy.model={tiny_model_dir}", "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        "trainer.max_steps=200", "trainer.save_steps=0", "trainer.logging_steps=1", "trainer.collapse_patience=0",
+        "trainer.per_device_train_batch_size=2", "trainer.num_generations=2", "rollout.max_new_tokens=6",
+        "rollout.max_turns=1", "rollout.max_completion_tokens=64", "warmstart.enabled=false", "validation.every=0",
+        f"run.output_dir={tmp_path / 'out'}", "run.name=run", f"tracking.tracking_uri={mlflow_db}",
+    ]  # fmt: skip
+    job = _Job("train", "--config", str(REPO / "configs" / "demo.yaml"), *overrides, cwd=tmp_path)
+    job.wait_for("'loss'")  # inside the training loop
+    folder = tmp_path / "out" / "run"
+    (folder / "STOP").touch()
+    code = job.proc.wait(timeout=300)
+    job.reader.join(timeout=10)
+    assert code == signals.EXIT_CODE, job.output[-3000:]
+    assert f"stopped by {folder / 'STOP'} after step" in job.output
+    assert not (folder / "STOP").exists()  # consumed: a resume does not stop at once
+    assert not (folder / RESULT_FILE).exists()
+    cfg = load_config(REPO / "configs" / "demo.yaml", [*overrides, "run.resume=true"], schema=TrainConfig)
+    assert resume_point(cfg, folder)[0] is not None
+
+
+def test_the_launcher_grace_comes_from_torchrun_or_its_environment(monkeypatch):
+    from zerosim.training import stopping
+
+    assert stopping.launcher_grace({}) is None  # not under torchrun
+    run = {"TORCHELASTIC_RUN_ID": "r"}
+    monkeypatch.setattr(stopping, "launcher_reads_grace", lambda: True)
+    assert stopping.launcher_grace(run) == (30, "torchrun's default (TORCH_ELASTIC_SHUTDOWN_TIMEOUT unset)")
+    assert stopping.launcher_grace({**run, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "240"}) == (
+        240,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    )
+    monkeypatch.setattr(stopping, "launcher_reads_grace", lambda: False)
+    assert (
+        stopping.launcher_grace({**run, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "240"})[0] == 30
+    )  # older torchrun
+    assert stopping.grace_for(10) == 60 and stopping.grace_for(143) == 240  # 1.5x, whole minutes
+
+
+def test_the_dry_run_of_a_launched_recipe_says_how_long_a_stop_takes():
+    from zerosim.core.config import load_config
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.memory import launch_from_config, memory_plan, memory_rows
+    from zerosim.training.stopping import stop_plan
+
+    cfg = load_config(REPO / "configs" / "zerosearch-qwen2.5-3b.yaml", [], schema=TrainConfig)
+    zero2 = REPO / "configs" / "accelerate" / "zero2.yaml"
+    rows = dict(memory_rows(cfg, None, zero2, 80))
+    plan = stop_plan(cfg, memory_plan(cfg, launch_from_config(zero2)))
+    # a 3B policy's step and checkpoint take far longer than torchrun's default 30 s
+    assert plan.step_s + plan.save_s > 60 and plan.grace >= 120
+    assert f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={plan.grace}" in rows["stop"]
+    assert "stop" not in dict(memory_rows(cfg, 1, None, 80))  # one process: no launcher to outlast
+
+
 def test_sigterm_in_an_experiment_ends_its_runs_and_a_killed_attempts_runs_are_ended_after(tiny_experiment):
     import mlflow
 

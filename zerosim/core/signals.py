@@ -39,10 +39,12 @@ class Terminated(SystemExit):
 
 _stop = threading.Event()  # a SIGTERM arrived while a graceful section ran
 _graceful = 0  # graceful sections open (a training loop)
+_reason = ["SIGTERM"]  # what asked the loop to stop
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     if _graceful and not _stop.is_set():
+        _reason[0] = "SIGTERM"
         _stop.set()
         log.warning(
             "SIGTERM: finishing this step and saving a checkpoint before stopping (a second SIGTERM stops at once)"
@@ -62,6 +64,19 @@ def install() -> bool:
 def stop_requested() -> bool:
     """Whether a SIGTERM asked the running training loop to stop after its current step."""
     return _stop.is_set()
+
+
+def request_stop(reason: str) -> None:
+    """Ask the running training loop to stop after its current step, as a SIGTERM would (another rank's
+    SIGTERM, a stop file: :mod:`zerosim.training.stopping`); ``reason`` names what asked."""
+    if not _stop.is_set():
+        _reason[0] = reason
+        _stop.set()
+
+
+def stop_reason() -> str:
+    """What asked the training loop to stop (``"SIGTERM"`` unless :func:`request_stop` named another)."""
+    return _reason[0]
 
 
 @contextmanager

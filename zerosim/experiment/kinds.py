@@ -162,29 +162,59 @@ def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]
     The stage is finished only when the job says so: its ``result.json`` (written last by a job that trained
     to its end), its final model and its MLflow run — a launcher that exits 0 without training is an error,
     not a stage to reuse. When this process is stopped (SIGTERM, Ctrl-C), the job is stopped too."""
+    import os
     import shlex
     import signal
     import subprocess
 
     from zerosim.core.config import to_yaml
+    from zerosim.training.stopping import GRACE_ENV
 
     out.mkdir(parents=True, exist_ok=True)
     recipe = atomic_write_text(out / "train.yaml", to_yaml(c))
     command = [*shlex.split(launcher), "-m", "zerosim.cli", "train", "--config", str(recipe)]
-    log.info("launching %s", " ".join(command))
-    job = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    grace = launch_grace(c, command)
+    env = {**os.environ, GRACE_ENV: os.environ.get(GRACE_ENV, str(grace))}  # the user's own setting wins
+    log.info("launching %s (%s=%s)", " ".join(command), GRACE_ENV, env[GRACE_ENV])
+    job = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
     try:
         code = job.wait()
     except BaseException:  # stopped here: the job gets the same SIGTERM, and the time to checkpoint
         job.send_signal(signal.SIGTERM)
         try:
-            job.wait(timeout=600)
+            job.wait(timeout=max(600, int(env[GRACE_ENV]) + 60) if env[GRACE_ENV].isdigit() else 600)
         except subprocess.TimeoutExpired:
             job.kill()
         raise
     if code != 0:
         raise RuntimeError(f"training stage failed (exit code {code}): {' '.join(command)}")
     return finished_training(c, out / c.run.name, " ".join(command))
+
+
+def launch_grace(c: TrainConfig, command: list[str]) -> int:
+    """The seconds torchrun should wait after its SIGTERM before killing a launched training job: a step and
+    a checkpoint of the plan (:func:`zerosim.training.stopping.stop_plan`) under the launcher's
+    ``--config_file`` (else DDP over its ``--num_processes``); torchrun's default where sizes are unknown."""
+    from zerosim.training.memory import Launch, Strategy, launch_from_config, memory_plan
+    from zerosim.training.stopping import TORCHRUN_DEFAULT_GRACE, stop_plan
+
+    def option(name: str) -> str | None:
+        for i, word in enumerate(command):
+            if word == name and i + 1 < len(command):
+                return command[i + 1]
+            if word.startswith(name + "="):
+                return word.partition("=")[2]
+        return None
+
+    processes = option("--num_processes")
+    n = int(processes) if processes and processes.isdigit() else None
+    config_file = option("--config_file")
+    if config_file and Path(config_file).is_file():
+        launch = launch_from_config(Path(config_file), n)
+    else:
+        launch = Launch(Strategy.ddp if (n or 2) > 1 else Strategy.plain, n or 2, source="train_launcher")
+    plan = stop_plan(c, memory_plan(c, launch))
+    return TORCHRUN_DEFAULT_GRACE if plan is None else plan.grace
 
 
 def finished_training(c: TrainConfig, run_dir: Path, command: str) -> dict[str, Any]:

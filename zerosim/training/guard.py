@@ -235,17 +235,3 @@ class CollapseGuard(TrainerCallback):
         self.collapsed_at = payload.get("collapsed_at")
         self._seen_validations = int(payload.get("seen_validations", 0))
         self.events = [GuardEvent(**e) for e in payload.get("events", [])]
-
-
-class StopOnSigterm(TrainerCallback):
-    """A SIGTERM during training (:mod:`zerosim.core.signals`) ends the step in progress with a checkpoint
-    and stops the loop; :func:`zerosim.training.recipe.train` then raises ``Terminated`` so the run ends
-    FAILED, resumable."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        from zerosim.core.signals import stop_requested
-
-        if stop_requested():
-            control.should_save = True
-            control.should_training_stop = True
-        return control

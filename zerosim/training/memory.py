@@ -564,4 +564,10 @@ def memory_rows(
         launch = launch_from_config(Path(launch_config), processes)
     else:
         launch = launch_from_environment(processes)
-    return plan_rows(memory_plan(cfg, launch, card_bytes(gpu_memory)), cfg.policy.model)
+    plan = memory_plan(cfg, launch, card_bytes(gpu_memory))
+    rows = plan_rows(plan, cfg.policy.model)
+    if launch.processes > 1:  # a launcher's job: how long a stop takes, and the grace to launch with
+        from zerosim.training.stopping import stop_row
+
+        rows += stop_row(cfg, plan)
+    return rows

@@ -25,7 +25,7 @@ from zerosim.core.data.embedded import load_questions
 from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
 from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder, named_disk_full
 from zerosim.core.models import load_causal_lm, load_tokenizer
-from zerosim.core.signals import Terminated, graceful, stop_requested
+from zerosim.core.signals import Terminated, graceful, stop_reason, stop_requested
 from zerosim.core.tracking import (
     log_config,
     log_jsonl,
@@ -47,8 +47,9 @@ from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_comple
     resumed_changes,
 )
 from zerosim.training.config import TrainConfig
-from zerosim.training.guard import CollapseGuard, StopOnSigterm
+from zerosim.training.guard import CollapseGuard
 from zerosim.training.speedups import cpu_autocast_bf16, machine_line
+from zerosim.training.stopping import StopControl
 from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
 from zerosim.training.vllm_modes import require_vllm  # no CUDA, no vLLM, no server: refused
@@ -500,7 +501,8 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
     )
     # transformers' MLflow logging, synchronous and once per (metric, step), also across a resume; the guard
     # after validation, so that it reads each pass at the weights that pass scored
-    callbacks = [state_callback, trainer_mlflow_callback(), StopOnSigterm()]
+    stop = StopControl(job.output_dir, main=job.main)
+    callbacks = [state_callback, trainer_mlflow_callback(), stop]
     if validation is not None:
         callbacks.append(validation)
     callbacks.append(guard)
@@ -556,7 +558,7 @@ def _fit(job: _Job, trainer: SearchTrainer, state_callback: ZerosimState) -> Non
         trainer.train(resume_from_checkpoint=resume)
         if stop_requested():
             raise Terminated(
-                f"stopped by SIGTERM after step {trainer.state.global_step}, checkpoint saved in "
+                f"stopped by {stop_reason()} after step {trainer.state.global_step}, checkpoint saved in "
                 f"{job.output_dir}: run again with run.resume=true to continue"
             )
 
