@@ -192,6 +192,24 @@ def test_a_dry_run_import_writes_nothing_and_plans_as_if_imported(tmp_path):
     assert not root.exists()
 
 
+def test_another_experiments_results_bring_only_the_stages_that_did_this_ones_work(tmp_path):
+    """A re-run under a new name (an ablation v2) imports its predecessor's stages whose name and key match
+    (a shared warm start) and nothing that only shares a name."""
+    from zerosim.experiment.transfer import import_results, plan_import
+
+    stages, out = _export(tmp_path)
+    ours = [
+        stages[0],  # the same warm start
+        Stage("eval-real-s0-bm25", Kind.eval, None, ["warmstart"], key="k-eval-v2"),  # other settings
+        Stage("report", Kind.report, None, ["eval-real-s0-bm25"], key="k-report-v2"),
+    ]
+    root = tmp_path / "v2"
+    assert [s.name for s in plan_import(ours, root, out, name="exp-v2")] == ["warmstart"]
+    assert import_results(ours, root, out, name="exp-v2") == ["warmstart"]
+    assert (root / "stages" / "warmstart" / "stage.json").is_file()
+    assert not (root / "stages" / "eval-real-s0-bm25").exists()
+
+
 def test_a_dry_run_import_from_the_cli_writes_nothing(tmp_path, zerosim_cli, monkeypatch):
     smoke = ROOT / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
     monkeypatch.chdir(ROOT)

@@ -260,11 +260,9 @@ def _plan(
 ) -> list[tuple[Stage, list[Path]]]:
     """Every check of an import, nothing written: the stages it brings in, with the files it copies."""
     exported = read_manifest(source)
-    if exported["experiment"] != name:
-        raise ConfigError(
-            f"--import {source} holds results of experiment {exported['experiment']!r}, not {name!r}: "
-            "import them with that experiment's config (its name= decides the folder and the stages)"
-        )
+    # another experiment's results: only its stages that did exactly this experiment's work (the same name and
+    # key: the same settings, the same upstream stages) — a shared warm start, a baseline's evaluation
+    foreign = exported["experiment"] != name
     known = {s.name: s for s in stages}
     coming = []
     for stage_name in exported["stages"]:
@@ -273,6 +271,8 @@ def _plan(
             continue  # not a stage of this config, brought by an earlier --import, or finished here already
         if not src.is_symlink() and not (src / STAGE_FILE).is_file():
             continue  # not in this copy of the export
+        if foreign and not src.is_symlink() and _exported_record(stage, src).get("key") != stage.key:
+            continue  # the same name for other work
         coming.append(stage)
     files, total, listed = {}, 0, exported.get("files")
     for stage in coming:  # regular files only, and only those the manifest lists
