@@ -149,17 +149,18 @@ def test_the_launcher_grace_comes_from_torchrun_or_its_environment(monkeypatch):
 def test_the_dry_run_of_a_launched_recipe_says_how_long_a_stop_takes():
     from zerosim.core.config import load_config
     from zerosim.training.config import TrainConfig
-    from zerosim.training.memory import launch_from_config, memory_plan, memory_rows
+    from zerosim.training.dry_run import plan as dry_run
+    from zerosim.training.memory import launch_from_config, memory_plan
     from zerosim.training.stopping import stop_plan
 
     cfg = load_config(REPO / "configs" / "zerosearch-qwen2.5-3b.yaml", [], schema=TrainConfig)
     zero2 = REPO / "configs" / "accelerate" / "zero2.yaml"
-    rows = dict(memory_rows(cfg, None, zero2, 80))
+    rows = dict(dry_run(cfg, None, launch_config=zero2, gpu_memory=80))
     plan = stop_plan(cfg, memory_plan(cfg, launch_from_config(zero2)))
     # a 3B policy's step and checkpoint take far longer than torchrun's default 30 s
     assert plan.step_s + plan.save_s > 60 and plan.grace >= 120
     assert f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={plan.grace}" in rows["stop"]
-    assert "stop" not in dict(memory_rows(cfg, 1, None, 80))  # one process: no launcher to outlast
+    assert "stop" not in dict(dry_run(cfg, 1, gpu_memory=80))  # one process: no launcher to outlast
 
 
 def test_sigterm_in_an_experiment_ends_its_runs_and_a_killed_attempts_runs_are_ended_after(tiny_experiment):

@@ -150,7 +150,11 @@ def plan(
     Last, the memory plan per GPU (:mod:`zerosim.training.memory`) under ``launch_config`` (an accelerate config;
     default: this process's launcher, else DDP over ``processes``) against a card of ``gpu_memory`` GB."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
-    processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
+    from zerosim.training.memory import launch_from_config, launch_from_environment, launch_plan, plan_rows
+
+    requested = processes  # the launch's own count (its config's num_processes, $WORLD_SIZE) unless given
+    launch = launch_from_config(Path(launch_config), processes) if launch_config else launch_from_environment(processes)
+    processes = launch.processes
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
     trajectories = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
     curve = describe_curve(curriculum_schedule(c, t.max_steps), c.steps(t.max_steps))
@@ -193,7 +197,10 @@ def plan(
         ("checkpoints", f"every {t.save_steps} steps, {t.save_total_limit} kept" if t.save_steps else "final only" if t.save_final else "none"),
         ("MLflow", f"{cfg.tracking.tracking_uri}, experiment {cfg.tracking.experiment}"),
     ]  # fmt: skip
-    from zerosim.training.memory import memory_rows
+    from zerosim.training.stopping import stop_row
 
-    rows += memory_rows(cfg, processes, launch_config, gpu_memory)
+    plan = launch_plan(cfg, requested, launch_config, gpu_memory)
+    rows += plan_rows(plan, cfg.policy.model)
+    if plan.launch.processes > 1:  # a launcher's job: how long a stop takes, and the grace to launch with
+        rows += stop_row(cfg, plan)
     return rows

@@ -556,18 +556,19 @@ def card_bytes(gpu_memory: float | None) -> float | None:
     return None
 
 
-def memory_rows(
+def launch_plan(
     cfg, processes: int | None = None, launch_config: Path | None = None, gpu_memory: float | None = None
-) -> list[tuple[str, str]]:
-    """What ``zerosim train --dry-run`` prints about memory (after its other rows)."""
+) -> MemoryPlan:
+    """The memory plan of ``cfg`` under the launch a dry run describes (a config file, or this environment)."""
     if launch_config is not None:
         launch = launch_from_config(Path(launch_config), processes)
     else:
         launch = launch_from_environment(processes)
-    plan = memory_plan(cfg, launch, card_bytes(gpu_memory))
-    rows = plan_rows(plan, cfg.policy.model)
-    if launch.processes > 1:  # a launcher's job: how long a stop takes, and the grace to launch with
-        from zerosim.training.stopping import stop_row
+    return memory_plan(cfg, launch, card_bytes(gpu_memory))
 
-        rows += stop_row(cfg, plan)
-    return rows
+
+def memory_rows(
+    cfg, processes: int | None = None, launch_config: Path | None = None, gpu_memory: float | None = None
+) -> list[tuple[str, str]]:
+    """What ``zerosim train --dry-run`` prints about memory (after its other rows)."""
+    return plan_rows(launch_plan(cfg, processes, launch_config, gpu_memory), cfg.policy.model)
