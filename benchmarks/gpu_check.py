@@ -7,10 +7,13 @@
 2. GRPO steps through ``SearchTrainer`` on a randomly initialised model of Qwen2.5-3B's shape (its config only:
    no weights travel), fp32 weights and bf16 compute as ``zerosim train`` runs it: seconds per step and its
    split (log-prob passes, update), policy tokens per second, peak GPU memory;
-3. precision (docs/scaling.md): one AdamW step at lr 1e-6 — bf16 weights barely move, fp32 weights with bf16
+3. the recipe's shape (``--recipe``, default configs/zerosearch-qwen2.5-3b.yaml): a step of its micro-batch at
+   the longest row it allows, with its reference model and checkpointing, on a random model of its policy's
+   shape; the peak allocated GPU memory against the memory plan's prediction for that step, within 15%;
+4. precision (docs/scaling.md): one AdamW step at lr 1e-6 — bf16 weights barely move, fp32 weights with bf16
    compute take the all-fp32 step;
-4. one PPO step with its critic: finite loss, the critic's weights move;
-5. zerosim's decode loop against transformers ``generate``: greedy tokens identical, and the speed ratio.
+5. one PPO step with its critic: finite loss, the critic's weights move;
+6. zerosim's decode loop against transformers ``generate``: greedy tokens identical, and the speed ratio.
 
 Rollouts are synthetic (random prompt and completion ids with an environment-token mask), so the figures are
 the trainer's; ``benchmarks/step.py`` times whole steps with search. Exit code 0 when every check passes.
@@ -19,6 +22,7 @@ the trainer's; ``benchmarks/step.py`` times whole steps with search. Exit code 0
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -28,7 +32,11 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+# JAX, where the image has it and anything initialises its backend, takes 75% of the GPU at once (its default
+# preallocation): the recipe-shape check sizes its model by the memory free, so JAX allocates as it goes
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import torch  # noqa: E402
 
 QWEN25_3B = dict(  # Qwen/Qwen2.5-3B's config.json, the shape that matters for memory and speed
     vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
@@ -38,6 +46,25 @@ TINY = dict(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
 )  # fmt: skip
+
+# the recipe-shape check: the recipe it reads by default, what its step allocates (the plan's parts it compares
+# with the peak), why the others are left out, and how far the peak may be from the prediction
+DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "zerosearch-qwen2.5-3b.yaml"
+COMPARED = ("weights", "gradients", "optimizer", "reference", "activations")
+EXCLUDED = {
+    "vLLM": "no vLLM runs here (share 0)",
+    "generation": "synthetic rollouts: no KV cache",
+    "critic": "the critic is not built here",
+    "critic activations": "the critic is not built here",
+    "runtime": "not tensors: outside max_memory_allocated",
+}
+TOLERANCE = 0.15
+# on CPU the recipe's rows shrink to one 16-token turn (the 512-token prompt budget stays): seconds, not minutes
+CPU_RECIPE_OVERRIDES = [
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens=16",
+    "rollout.max_completion_tokens=16",
+]
 
 
 class Check:
@@ -78,22 +105,26 @@ def synthetic_rollout(prompt_len: int, completion_len: int, vocab: int):
 
 
 def make_trainer(
-    model, tokenizer, out: Path, *, cpu: bool, steps: int, batch: int, completion: int, **kwargs
-):
+    model, tokenizer, out: Path, *, cpu: bool, steps: int, batch: int, completion: int,
+    prompt_len: int | None = None, grpo: dict | None = None, **kwargs,
+):  # fmt: skip
+    """A ``SearchTrainer`` on synthetic rollouts of ``prompt_len`` + ``completion`` tokens; ``grpo``: GRPOConfig
+    fields over the defaults here (the recipe-shape check passes the recipe's)."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig
 
     from zerosim.training.trainer import SearchTrainer
 
-    prompt_len = 64 if not cpu else 8
+    prompt_len = prompt_len or (64 if not cpu else 8)
     bf16 = kwargs.pop("bf16", not cpu)
-    args = GRPOConfig(
+    fields = dict(
         output_dir=str(out), beta=0.0, num_generations=4, per_device_train_batch_size=batch,
         gradient_accumulation_steps=2, max_completion_length=completion, max_steps=steps,
         learning_rate=kwargs.pop("learning_rate", 1e-6), use_cpu=cpu, bf16=bf16, report_to=[], logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=0,
     )  # fmt: skip
+    args = GRPOConfig(**(fields | (grpo or {})))
     history: list[dict] = []
 
     class Keep(TrainerCallback):
@@ -169,6 +200,210 @@ def check_grpo(check: Check, tokenizer, cpu: bool, steps: int, tmp: Path) -> Non
     ok = len(per_step) == steps and figures["loss_finite"]
     check.record("grpo steps", ok, json.dumps(figures))
     del trainer, model
+    gc.collect()  # the trainer's reference cycles hold the model until collected
+    if not cpu:
+        torch.cuda.empty_cache()
+
+
+def recipe_dims(shape, layers: int, row: int) -> dict:
+    """A Qwen2 config's sizes for ``shape`` (a :class:`~zerosim.training.memory.ModelShape`) at ``layers``
+    decoder layers, with positions for a row of ``row`` tokens."""
+    return dict(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=max(4096, row), tie_word_embeddings=shape.tied,
+    )  # fmt: skip
+
+
+def check_plan(cfg, folder: Path, dims: dict):
+    """The memory plan (``zerosim.training.memory.plan_parts``) of exactly what the check runs: the recipe with
+    ``policy.model`` a folder holding the config of ``dims``, one process (no launcher on one GPU), the
+    recipe's micro-batch and checkpointing, vLLM's share 0 (no vLLM runs). Returns the plan and the bytes
+    of the parts the check's step allocates (:data:`COMPARED`)."""
+    import copy
+
+    from transformers import Qwen2Config
+
+    from zerosim.training.memory import Knobs, Launch, Strategy, plan_parts
+
+    Qwen2Config(**dims, pad_token_id=0, bos_token_id=1, eos_token_id=2).save_pretrained(folder)
+    planned = copy.deepcopy(cfg)
+    planned.policy.model = str(folder)
+    t = planned.trainer
+    knobs = Knobs(
+        t.per_device_train_batch_size,
+        t.gradient_checkpointing,
+        0.0,
+        Launch(Strategy.plain, 1, source="gpu_check"),
+    )
+    plan = plan_parts(planned, knobs)
+    return plan, sum(size for name, (size, _) in plan.parts.items() if name in COMPARED)
+
+
+def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) -> None:
+    """One GRPO step at the recipe's shape — its micro-batch of rows at the longest row it allows, its
+    reference model (``trainer.beta > 0``), its gradient checkpointing, fp32 weights under bf16 autocast —
+    on a random model of its policy's width, and the step's peak allocated GPU memory against the memory
+    plan's prediction for exactly that: PASS within 15%.
+
+    One process holds the policy whole (fp32 weights, gradients and AdamW: 16 bytes a parameter) and the
+    reference; where the plan of the recipe's full depth, 15% over and with the 3 GB runtime reserve, exceeds
+    the GPU's free memory, the model keeps the recipe's width and row and drops decoder layers until it fits
+    (the plan is linear in depth). A warm-up step first: the measured one holds AdamW's moments, as every
+    step of a run after its first does. On CPU (``--cpu``): a tiny model, the recipe's micro-batch and
+    reference, one 16-token turn; the prediction is printed, the peak is not measurable there, and the live
+    tensors of the states (weights, AdamW moments, reference) are counted against the plan's instead."""
+
+    from transformers import TrainerCallback
+
+    from zerosim.core.config import load_config
+    from zerosim.training.algorithms import algorithm_args, spec_of
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.memory import GB, RUNTIME_RESERVE, longest_row, model_shape
+
+    device = "cpu" if cpu else "cuda"
+    cfg = load_config(recipe, CPU_RECIPE_OVERRIDES if cpu else [], schema=TrainConfig)
+    t, notes = cfg.trainer, []
+    shape = model_shape(cfg.policy.model)
+    if shape is None:
+        raise ValueError(f"{recipe}: the sizes of policy.model {cfg.policy.model} are unknown here")
+    if cfg.policy.dtype == "bfloat16":  # refused in one process (docs/scaling.md, Precision): fp32 weights
+        cfg.policy.dtype = "auto"
+        notes.append("policy.dtype=bfloat16 needs DeepSpeed/FSDP: one process steps fp32 weights")
+    algorithm = t.algorithm
+    if spec_of(algorithm).needs_critic:  # the critic is the ppo step's check; not built here
+        algorithm = "grpo"
+        notes.append(f"{t.algorithm}'s critic not built (the ppo step checks it): the policy's side, as grpo")
+    if t.beta == 0:
+        notes.append("trainer.beta=0: no reference model, as the recipe")
+    prompt, completion, row = longest_row(cfg)
+    folder = tmp / "recipe-policy"
+    folder.mkdir()
+    if cpu:
+        dims = dict(TINY, max_position_embeddings=max(4096, row))
+        free = baseline = None
+        notes.append("CPU: a tiny model, rows of one 16-token turn (" + " ".join(CPU_RECIPE_OVERRIDES) + ")")
+    else:
+        gc.collect()
+        torch.cuda.empty_cache()
+        baseline = torch.cuda.memory_allocated()  # what earlier checks still hold: not this step's
+        free = torch.cuda.mem_get_info()[0]
+        for layers in range(shape.layers, 0, -1):  # the recipe's depth, else the deepest that fits
+            dims = recipe_dims(shape, layers, row)
+            if check_plan(cfg, folder, dims)[1] * (1 + TOLERANCE) + RUNTIME_RESERVE <= free:
+                break
+        else:
+            raise RuntimeError(
+                f"one layer of {cfg.policy.model}'s width does not fit {free / GB:.1f} GB free"
+            )
+        if layers < shape.layers:
+            notes.append(
+                f"{layers} of the recipe's {shape.layers} layers: its full depth, +15% and the 3 GB runtime "
+                f"reserve, exceeds the {free / GB:.1f} GB free in one process"
+            )
+    plan, predicted = check_plan(cfg, folder, dims)
+    print(
+        f"      recipe shape: {recipe.name}, {dims['num_hidden_layers']} layers x {dims['hidden_size']} wide "
+        f"({plan.shape.params / 1e9:.3g} B params), micro-batch {t.per_device_train_batch_size} x "
+        f"{row:,} tokens ({prompt} prompt + {completion:,} completion), beta {t.beta:g}, checkpointing "
+        f"{str(t.gradient_checkpointing).lower()}; the plan for one process:",
+        flush=True,
+    )
+    for name, (size, how) in plan.parts.items():
+        why = "" if name in COMPARED else f"  [not compared: {EXCLUDED.get(name, 'not built here')}]"
+        print(f"        {name:<12} {size / GB:8.3f} GB  {how}{why}", flush=True)
+    print(f"        {'predicted':<12} {predicted / GB:8.3f} GB  ({' + '.join(COMPARED)})", flush=True)
+    for note in notes:
+        print(f"      note: {note}", flush=True)
+
+    model = random_model(dims, device)  # fp32 weights: what the optimizer steps (training_dtype)
+    if t.beta > 0:  # TRL builds the reference from the policy's path, as from a checkpoint
+        model.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+    peak: dict[str, int] = {}
+
+    class Window(TrainerCallback):
+        """The peak of the second step, from its start (rollout and reference pass) to its end."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if not cpu and state.global_step == 1:
+                torch.cuda.synchronize()
+                gc.collect()
+                torch.cuda.reset_peak_memory_stats()
+                peak["before"] = torch.cuda.memory_allocated()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not cpu and state.global_step == 2:
+                torch.cuda.synchronize()
+                peak["allocated"] = torch.cuda.max_memory_allocated()
+                peak["reserved"] = torch.cuda.max_memory_reserved()
+
+    grpo = dict(
+        beta=t.beta, epsilon=t.epsilon, num_generations=t.num_generations, gradient_accumulation_steps=1,
+        gradient_checkpointing=t.gradient_checkpointing, max_grad_norm=t.max_grad_norm,
+        learning_rate=t.learning_rate, max_completion_length=completion,
+        **algorithm_args(algorithm, t.epsilon_high),
+    )  # fmt: skip
+    trainer, logs = make_trainer(
+        model, tokenizer, tmp / "recipe", cpu=cpu, steps=2, batch=t.per_device_train_batch_size,
+        completion=completion, prompt_len=prompt, grpo=grpo, algorithm=algorithm,
+        bf16=not cpu and t.bf16 is not False,  # as grpo_args: bf16 autocast on a GPU unless trainer.bf16=false
+    )  # fmt: skip
+    trainer.add_callback(Window())
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    # the states' live tensors: what the plan's weights, optimizer and reference parts count
+    live = lambda tensors: sum(x.numel() * x.element_size() for x in tensors)  # noqa: E731
+    counted = live(model.parameters()) + live(
+        v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
+    )
+    if trainer.ref_model is not None:
+        counted += live(trainer.ref_model.parameters())
+    states = sum(plan.parts[n][0] for n in ("weights", "optimizer", "reference") if n in plan.parts)
+    finite = all(torch.isfinite(torch.tensor(e["loss"])).item() for e in logs if "loss" in e)
+    figures = {
+        "recipe": str(recipe),
+        "layers": f"{dims['num_hidden_layers']}" + (" (tiny model)" if cpu else f" of {shape.layers}"),
+        "params_b": round(plan.shape.params / 1e9, 3),
+        "micro_batch": t.per_device_train_batch_size,
+        "row_tokens": row,
+        "reference": trainer.ref_model is not None,
+        "checkpointing": t.gradient_checkpointing,
+        "plan_gb": {name: round(size / GB, 3) for name, (size, _) in plan.parts.items()},
+        "predicted_gb": round(predicted / GB, 3),
+        "states_counted_gb": round(counted / GB, 3),
+        "states_planned_gb": round(states / GB, 3),
+        "two_steps_s": round(seconds, 1),
+        "notes": notes,
+    }
+    states_ok = abs(counted - states) <= 0.01 * states
+    ok = finite and states_ok and len([e for e in logs if "loss" in e]) == 2
+    line = f"states counted {counted / GB:.3f} GB, planned {states / GB:.3f} GB (weights + optimizer + reference)"
+    if cpu:
+        figures["peak"] = "not measurable on CPU (no allocator statistics)"
+        line = f"peak: {figures['peak']}; predicted {predicted / GB:.3f} GB; {line}"
+    else:
+        measured = peak["allocated"] - baseline
+        figures |= {
+            "free_gb": round(free / GB, 1),
+            "held_before_gb": round(baseline / GB, 3),
+            "peak_allocated_gb": round(measured / GB, 3),
+            "peak_reserved_gb": round((peak["reserved"] - baseline) / GB, 3),
+            "ratio": round(measured / predicted, 3),
+            "allocated_at_step_start_gb": round((peak["before"] - baseline) / GB, 3),
+        }
+        ok = ok and abs(measured / predicted - 1) <= TOLERANCE
+        line = (
+            f"peak allocated {measured / GB:.2f} GB (reserved {figures['peak_reserved_gb']:.2f}) against "
+            f"predicted {predicted / GB:.2f} GB: ratio {measured / predicted:.3f}, within 15%: "
+            f"{abs(measured / predicted - 1) <= TOLERANCE}; {line}"
+        )
+    print(f"      {line}", flush=True)
+    check.figures["recipe"] = figures
+    check.record("recipe shape", ok, json.dumps(figures))
+    del trainer, model
+    gc.collect()
     if not cpu:
         torch.cuda.empty_cache()
 
@@ -316,11 +551,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tokenizer", default=None, help="tokenizer folder (default: the kit's, else smollm2)"
     )
+    parser.add_argument(
+        "--recipe", type=Path, default=DEFAULT_RECIPE, help="the recipe the recipe-shape check reads"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     # refused before any check runs: a bad count, or figures that could not be written at the end
     if args.steps < 1:
         parser.error(f"--steps must be >= 1 (GRPO steps to time), got {args.steps}")
+    if not args.recipe.is_file():
+        parser.error(f"--recipe {args.recipe}: no such file; give a training recipe (configs/*.yaml)")
     if args.out is not None and (problem := _unwritable(args.out)):
         parser.error(f"--out {args.out}: {problem}; give a file in a writable folder")
     if not args.cpu and not torch.cuda.is_available():
@@ -337,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in (
             ("versions", lambda: check_versions(check, args.cpu)),
             ("grpo steps", lambda: check_grpo(check, tokenizer, args.cpu, args.steps, tmp)),
+            ("recipe shape", lambda: check_recipe(check, tokenizer, args.cpu, args.recipe, tmp)),
             ("precision", lambda: check_precision(check, tokenizer, args.cpu, tmp)),
             ("ppo step", lambda: check_ppo(check, tokenizer, args.cpu, tmp)),
             ("decode loop", lambda: check_decode(check, tokenizer, args.cpu)),
