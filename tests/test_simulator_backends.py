@@ -309,6 +309,24 @@ def test_vllm_command_and_lora_parsing():
             parse_lora(bad)
 
 
+def test_vllm_command_runs_the_vllm_beside_this_interpreter(tmp_path, monkeypatch):
+    """A virtual environment's interpreter run without activating it (``/venv/bin/zerosim ...``, ``/venv/bin/python
+    -m zerosim.cli ...``) has no ``vllm`` on PATH: the command is that environment's ``vllm`` script, not a bare
+    ``vllm`` (FileNotFoundError) nor another environment's found on PATH."""
+    import sys
+
+    venv, elsewhere = tmp_path / "venv" / "bin", tmp_path / "other" / "bin"
+    for bin_dir in (venv, elsewhere):
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "vllm").write_text("#!/bin/sh\n")
+        (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.setenv("PATH", str(elsewhere))
+    assert vllm_command("/models/sim")[0] == str(venv / "vllm")
+    (venv / "vllm").unlink()  # no vLLM beside the interpreter: whichever PATH finds
+    assert vllm_command("/models/sim")[0] == str(elsewhere / "vllm")
+
+
 def test_start_simulator_server_picks_vllm_or_in_process(tiny_model_dir, monkeypatch):
     import simulators.openai_server as server
 

