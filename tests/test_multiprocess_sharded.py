@@ -3,7 +3,8 @@ through the CLI moves the weights, the optimizer steps fp32 master partitions (t
 the job ends in one finished MLflow run and a complete, loadable final model.
 
 FSDP2 is not here: accelerate does not shard on CPU (docs/scaling.md, "Tested here").
-DeepSpeed compiles its shared-memory comm op (C++) the first time it runs on a machine: about 2 minutes, once.
+DeepSpeed's shared-memory comm op (C++, compiled on a machine's first run: ~2 minutes) is left out by the helper;
+gloo carries the collectives.
 """
 
 from __future__ import annotations

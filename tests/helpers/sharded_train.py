@@ -4,6 +4,8 @@ strategy (DeepSpeed ZeRO), so that its one GRPO step moves the weights and what 
 - The rewards alternate 1, 0 over each rank's rows, so every group of two generations has a spread and a
   nonzero advantage: a random tiny policy alone would earn 0 everywhere, and the step would move nothing.
   Sampling, search, the loss, the sharded backward and the optimizer step stay the real ones.
+- DeepSpeed's shared-memory all-reduce (a C++ op it compiles on a machine's first run, ~2 minutes) is left out:
+  its communication falls back to torch.distributed over gloo, which is what the test checks anyway.
 - The trainer's log (``zerosim.training.trainer``, INFO: the mixed-precision check's line) goes to
   ``$ZEROSIM_TRACE/log<R>.txt``, one file per rank.
 Usage: accelerate launch --config_file configs/accelerate/zero2-cpu.yaml tests/helpers/sharded_train.py ARGS
@@ -36,6 +38,10 @@ def alternating_make_reward_func(*args, **kwargs):
 
 
 train_module.make_reward_func = alternating_make_reward_func
+
+import deepspeed.comm.torch as ds_torch_comm  # noqa: E402  (after zerosim: the same import order as a real run)
+
+ds_torch_comm.build_shm_op = lambda: None
 
 if __name__ == "__main__":
     TRACE.mkdir(parents=True, exist_ok=True)
