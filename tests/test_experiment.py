@@ -376,6 +376,62 @@ def test_stage_keys_follow_what_a_stage_depends_on(tmp_path):
     }  # fmt: skip
 
 
+def test_a_warm_start_is_keyed_by_its_own_settings_not_the_rl_recipe(tmp_path):
+    """The warm start shares its config with the RL recipe but reads only warmstart.*, the policy and the seed:
+    a new learning rate or validation split re-keys the training stages and leaves the warm start (and the
+    evaluation of it) alone; a warm-start setting re-keys it and everything after it."""
+    from dataclasses import replace
+
+    from zerosim.experiment import build_stages, load_experiment
+
+    def keys(*overrides, recipe=()):
+        cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
+        cfg = replace(cfg, overrides=[*cfg.overrides, *recipe])  # the preset's own overrides kept
+        return {s.name: s.key for s in build_stages(cfg, tmp_path / "root")}
+
+    base = keys()
+    recipe = keys(recipe=["trainer.learning_rate=0.5", "validation.max_examples=7"])
+    assert recipe["warmstart"] == base["warmstart"]
+    assert recipe["eval-none-s0-bm25"] == base["eval-none-s0-bm25"]
+    assert recipe["train-real-s0"] != base["train-real-s0"]
+    warm = keys("warmstart=[warmstart.max_steps=7]")
+    assert warm["warmstart"] != base["warmstart"]
+    assert warm["eval-none-s0-bm25"] != base["eval-none-s0-bm25"]
+    assert warm["train-real-s0"] != base["train-real-s0"]
+    assert keys(recipe=["run.seed=5"])["warmstart"] != base["warmstart"]
+
+
+def test_another_experiments_warm_start_keyed_under_older_rules_is_imported(tmp_path):
+    """An export's warm start whose record key still covered the RL recipe (another learning rate) did this
+    experiment's warm-start work: it is imported; one with other warm-start settings is not."""
+    from dataclasses import replace
+
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.kinds import STAGE_FILE
+    from zerosim.experiment.run import plain as _plain
+    from zerosim.experiment.transfer import export_results, plan_import
+
+    cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
+    stages = build_stages(cfg, tmp_path / "here")
+    warm = next(s for s in stages if s.name == "warmstart")
+
+    def exported(config, folder):
+        here = tmp_path / folder
+        warm.dir(here).mkdir(parents=True)
+        record = {"name": "warmstart", "kind": "warmstart", "key": "keyed-with-the-rl-recipe", "deps": [],
+                  "finished": "2026-01-01T00:00:00", "outputs": {}, "meta": {},
+                  "config": json.loads(json.dumps(_plain(config), default=str))}  # fmt: skip
+        (warm.dir(here) / STAGE_FILE).write_text(json.dumps(record))
+        export_results([warm], here, tmp_path / f"{folder}-export", name="recipe-sweep")
+        return tmp_path / f"{folder}-export"
+
+    c = warm.config
+    other_lr = exported(replace(c, trainer=replace(c.trainer, learning_rate=0.5)), "lr")
+    assert [s.name for s in plan_import(stages, tmp_path / "v2", other_lr, name="ablation")] == ["warmstart"]
+    other_warm = exported(replace(c, warmstart=replace(c.warmstart, max_steps=7)), "warm")
+    assert plan_import(stages, tmp_path / "v2b", other_warm, name="ablation") == []
+
+
 def test_serve_overrides_reach_the_simulator_arms_only(tmp_path):
     """``simulator.serve`` sets search.simulator.* in every arm that trains against the simulator: those arms
     (and what evaluates them) re-key; the real-search arm, the warm start and the simulator stages do not."""
@@ -641,7 +697,10 @@ def test_results_travel_by_export_and_import(tiny_experiment):
     # under another experiment's name only the stages that did this work come (same name, same key): here every
     # stage the export holds, since the settings are the same
     other = tmp_path / "other" / "other"
-    assert set(import_results(stages, other, out, name="other")) == set(written) - {"report", "eval-real-s0-bm25"}
+    assert set(import_results(stages, other, out, name="other")) == set(written) - {
+        "report",
+        "eval-real-s0-bm25",
+    }
 
     # a folder moved elsewhere (copied, the original gone) reads its own files and logs under its own parent
     # run; its records hold no path of where it was

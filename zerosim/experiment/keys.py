@@ -63,11 +63,22 @@ def changed_settings(config: Any, schema: type, *, missing: Any = UNSET) -> dict
     return {k: v for k, v in changed.items() if not k.startswith("tracking.")}
 
 
+def _keyed(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """The changed settings a kind's result depends on (:attr:`StageKind.keyed_on`; all where it names none) —
+    a warm start keyed by its own settings, not by the RL recipe it shares a config with."""
+    reads = KINDS[kind].keyed_on
+    if not reads:
+        return changes
+    return {
+        k: v for k, v in changes.items() if any(k.startswith(r) if r.endswith(".") else k == r for r in reads)
+    }
+
+
 def fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
-    """The stage's key: what its result depends on — its settings that differ from their defaults, the version
-    of those defaults, and the keys of the stages it reads (``keys``: by name)."""
+    """The stage's key: what its result depends on — its settings that differ from their defaults (those its
+    kind reads), the version of those defaults, and the keys of the stages it reads (``keys``: by name)."""
     schema = KINDS[stage.kind].schema
-    config = None if stage.config is None else changed_settings(stage.config, schema)
+    config = None if stage.config is None else _keyed(stage.kind, changed_settings(stage.config, schema))
     return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
 
 
@@ -117,7 +128,8 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
         if key is None:
             return None
         deps[name] = key
-    changes = None if stage.config is None else _recorded_changes(config, KINDS[stage.kind].schema)
+    schema = KINDS[stage.kind].schema
+    changes = None if stage.config is None else _keyed(stage.kind, _recorded_changes(config, schema))
     return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 
 

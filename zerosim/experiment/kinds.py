@@ -129,6 +129,10 @@ def _quality(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     return {"run_id": result.run_id, "report": result.report}
 
 
+# what _warmstart hands run_warmstart (where runs are logged aside): the rest of the train config is the RL job's
+WARMSTART_READS = ("warmstart.", "policy.model", "run.seed")
+
+
 def _warmstart(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     from zerosim.training.warmstart import run_warmstart
 
@@ -344,6 +348,9 @@ class StageKind:
     rate: float  # seconds per unit on a quiet 2-core machine with the embedded SmolLM2 (docs/experiments.md)
     units: Callable[[Any], float]  # how many units a config asks for
     describe: Callable[[Stage], str]  # one line for the dry run and the progress
+    # the settings its result depends on, where its schema holds more (a path, or a section ending in "."):
+    # the stage key reads only these, so a change elsewhere re-runs nothing. () = every setting
+    keyed_on: tuple[str, ...] = ()
 
     def estimate(self, stage: Stage, rate: float | None = None) -> float:
         """Seconds the stage should take, at ``rate`` (default: the shipped one) per unit."""
@@ -401,6 +408,7 @@ KINDS: dict[Kind, StageKind] = {
         rate=9.8,  # per optimizer step (batch 4), trajectories built in seconds (measured: 5 in 64 s)
         units=lambda c: c.warmstart.max_steps,
         describe=lambda s: f"{s.config.policy.model}, {s.config.warmstart.max_steps} steps",
+        keyed_on=WARMSTART_READS,
     ),
     Kind.train: StageKind(
         job="zerosim train",

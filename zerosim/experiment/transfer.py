@@ -38,6 +38,7 @@ from typing import Any
 
 from zerosim.core.config import ConfigError
 from zerosim.core.fsutil import atomic_write_text
+from zerosim.experiment.keys import recorded_key
 from zerosim.experiment.kinds import ROOT, STAGE_FILE, Stage, read_stage, relative_to_root  # noqa: F401 (ROOT: public here too)
 from zerosim.experiment.provenance import MODEL_KINDS, model_digest, short, written_digest
 from zerosim.experiment.runlogs import export_logs, stage_runs
@@ -230,6 +231,15 @@ def _exported_record(stage: Stage, src: Path) -> dict[str, Any]:
     return record
 
 
+def _same_work(stage: Stage, record: dict[str, Any], root: Path) -> bool:
+    """Whether another experiment's stage record did this stage's work: the same key, or — for a stage that
+    reads no other stage — the key today's rules give its recorded settings (a warm start exported before its key
+    left out the RL recipe it shares a config with)."""
+    if record.get("key") == stage.key:
+        return True
+    return not stage.deps and recorded_key(stage, record, root, {}) == stage.key
+
+
 def _within_manifest(src: Path, files: list[Path], listing: Any, manifest: Path) -> int:
     """Refuse a file the manifest does not list, or lists with another size, or one it lists that is absent;
     the bytes to copy."""
@@ -271,7 +281,7 @@ def _plan(
             continue  # not a stage of this config, brought by an earlier --import, or finished here already
         if not src.is_symlink() and not (src / STAGE_FILE).is_file():
             continue  # not in this copy of the export
-        if foreign and not src.is_symlink() and _exported_record(stage, src).get("key") != stage.key:
+        if foreign and not src.is_symlink() and not _same_work(stage, _exported_record(stage, src), root):
             continue  # the same name for other work
         coming.append(stage)
     files, total, listed = {}, 0, exported.get("files")
