@@ -2,7 +2,8 @@
 through the CLI moves the weights, the optimizer steps fp32 master partitions (the trainer's check says which),
 the job ends in one finished MLflow run and a complete, loadable final model.
 
-FSDP2 is not here: accelerate does not shard on CPU (docs/scaling.md, "Tested here").
+FSDP2 does not train here: accelerate does not shard on CPU (docs/scaling.md, "Tested here"), and the last test
+shows that such a launch is refused rather than trained unsharded.
 DeepSpeed's shared-memory comm op (C++, compiled on a machine's first run: ~2 minutes) is left out by the helper;
 gloo carries the collectives.
 """
@@ -91,3 +92,31 @@ def test_one_grpo_step_under_zero_on_two_cpu_processes(tmp_path, tiny_model_dir,
         # one AdamW step at lr 1e-6 moves (nearly) every weight by about the learning rate
         assert (moved != 0).float().mean() > 0.99, name
         assert moved.abs().max() < 1e-5, name
+
+
+def test_an_fsdp_launch_on_cpu_processes_is_refused_not_trained_unsharded(tmp_path, tiny_model_dir):
+    """accelerate runs an FSDP config on CPU processes as plain DDP; each rank stops when training begins,
+    naming what it got and the CPU configs that shard — before, the step trained whole copies silently."""
+    import yaml
+
+    qa, corpus = _data(tmp_path)
+    launch = yaml.safe_load((ROOT / "configs" / "accelerate" / "fsdp2.yaml").read_text())
+    launch.update(num_processes=2, mixed_precision="no", main_process_ip="127.0.0.1")
+    (tmp_path / "fsdp2-cpu.yaml").write_text(yaml.safe_dump(launch))
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "fsdp2-cpu.yaml"),
+        "--main_process_port", "0", str(ROOT / "tests" / "helpers" / "sharded_train.py"),
+        "--config", str(ROOT / "configs" / "demo.yaml"), f"run.output_dir={tmp_path / 'out'}", "run.name=mp",
+        f"policy.model={tiny_model_dir}", "search.engine=bm25", f"search.bm25.corpus={corpus}",
+        f"data.train={qa}", "trainer.max_steps=1", "trainer.per_device_train_batch_size=2",
+        "trainer.num_generations=2", "rollout.max_new_tokens=8", "rollout.max_turns=1",
+        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=mp",
+        "warmstart.enabled=false", "validation.every=0",
+    ]  # fmt: skip
+    env = {**os.environ, "ZEROSIM_TRACE": str(tmp_path / "trace"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode != 0, _failure(proc)
+    assert "the launch config asks for FSDP but accelerate runs MULTI_CPU" in proc.stdout + proc.stderr, (
+        _failure(proc)
+    )
+    assert not (tmp_path / "out" / "mp" / "final").exists()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zerosim.core.config import ConfigError
-from zerosim.training.precision import MASTER_PARTITIONS, check_master_weights
+from zerosim.training.precision import MASTER_PARTITIONS, check_master_weights, check_sharding
 
 
 def adamw(*tensors: torch.Tensor) -> torch.optim.AdamW:
@@ -75,6 +75,23 @@ def test_fsdp_flat_parameters_in_bf16_are_refused_with_the_fsdp_fix(monkeypatch)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ConfigError, match="mixed_precision: bf16"):
         check_master_weights(adamw(torch.zeros(16, dtype=torch.bfloat16)))
+
+
+def test_a_launch_whose_sharding_accelerate_did_not_turn_on_is_refused(monkeypatch):
+    """accelerate 1.16 runs an FSDP launch config on CPU processes as MULTI_CPU (plain DDP): refused, naming
+    the CPU configs that do shard; the sharding asked for, or none asked for, passes."""
+    from accelerate.utils import DistributedType
+
+    check_sharding(DistributedType.MULTI_CPU)  # no sharded launch: nothing to compare
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match=r"asks for FSDP but accelerate runs MULTI_CPU.*zero2-cpu\.yaml"):
+        check_sharding(DistributedType.MULTI_CPU)
+    check_sharding(DistributedType.FSDP)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    check_sharding(DistributedType.DEEPSPEED)
+    with pytest.raises(ConfigError, match="asks for DEEPSPEED but accelerate runs NO"):
+        check_sharding(DistributedType.NO)
 
 
 def test_the_critic_keeps_fp32_weights_under_deepspeed(tiny_model_dir, monkeypatch):

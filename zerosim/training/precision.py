@@ -15,7 +15,8 @@ built and prepared, :func:`check_master_weights` looks at what it actually steps
   or sharded DTensors: their dtype is what is stored and stepped; ``mixed_precision.param_dtype`` only casts
   the forward's copy).
 
-:class:`MasterWeightsCheck` runs it when training begins (after ``accelerator.prepare``).
+:class:`MasterWeightsCheck` runs it when training begins (after ``accelerator.prepare``), after
+:func:`check_sharding` has seen that accelerate runs the DeepSpeed or FSDP the launch config asked for.
 """
 
 from __future__ import annotations
@@ -89,6 +90,39 @@ def check_master_weights(optimizer: Any, *, key: str = "policy.dtype", what: str
     return f"{what}: fp32, {len(tensors)} tensors ({where})"
 
 
+def check_sharding(distributed_type: Any = None) -> None:
+    """Refuse (:class:`ConfigError`) a launch whose config asked for DeepSpeed or FSDP when accelerate runs
+    something else (``distributed_type``: the ``AcceleratorState``'s): the memory plan and the precision check
+    assume the sharding the config names. accelerate 1.16 switches an FSDP config on only from GPU-like
+    processes (``AcceleratorState.__init__``), so on CPU ranks it silently trains unsharded DDP. Without
+    ``distributed_type`` the running ``AcceleratorState``'s is read, and only when a launch asked for one."""
+    from accelerate.utils import DistributedType
+
+    from zerosim.core.models import sharded_optimizer
+
+    asked = sharded_optimizer()
+    wanted = {"deepspeed": DistributedType.DEEPSPEED, "fsdp": DistributedType.FSDP}.get(asked or "")
+    if wanted is None:
+        return
+    if distributed_type is None:
+        from accelerate.state import AcceleratorState
+
+        distributed_type = AcceleratorState().distributed_type
+    if distributed_type == wanted:
+        return
+    got = getattr(distributed_type, "value", distributed_type)
+    fix = (
+        "on CPU processes use DeepSpeed (configs/accelerate/zero2-cpu.yaml or zero3-cpu.yaml) or plain DDP "
+        "(ddp-cpu.yaml); FSDP needs GPUs"
+        if asked == "fsdp" and not torch.cuda.is_available()
+        else "check the launch config's distributed_type and that every process sees its device"
+    )
+    raise ConfigError(
+        f"the launch config asks for {wanted.value} but accelerate runs {got}: the weights, gradients and "
+        f"optimizer states would not be sharded as the memory plan assumes; {fix}"
+    )
+
+
 class MasterWeightsCheck(TrainerCallback):
     """Runs :func:`check_master_weights` on the trainer's optimizer (and ``extra`` optimizers, each
     ``(optimizer, what)``) when training begins: by then accelerate and DeepSpeed/FSDP have built what steps."""
@@ -98,6 +132,7 @@ class MasterWeightsCheck(TrainerCallback):
         self.log = log
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        check_sharding()  # the sharding the launch asked for, or stop
         checked = [check_master_weights(optimizer)]
         for extra, what in self.extra() if self.extra is not None else []:
             checked.append(check_master_weights(extra, what=what))
