@@ -184,6 +184,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
               if line.count("│") >= 4}  # fmt: skip
     assert all(status[name] == "reuse" for name in before), status
     assert status["report"] == "run" and "estimated" in dry.output
+    if not any(name.startswith("eval-") for name in before):  # killed before any evaluation finished
+        empty = zerosim_cli("experiment", "--config", config, "--interim", code=None)
+        assert empty.exit_code != 0 and "no evaluation has finished" in empty.output
 
     zerosim_cli("experiment", "--config", config)  # in process, continuing the killed run
     stages = _stages(root)
@@ -229,6 +232,26 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     jobs = sorted(r.data.tags.get("zerosim.job", "?") for r in children)
     assert jobs.count("train") == 4 and jobs.count("eval") == 7, jobs
     assert "report.png" in {a.path for a in mlflow.MlflowClient().list_artifacts(parent.info.run_id)}
+
+    # an interim report of the finished evaluations: beside the experiment's own, no MLflow run, no stage
+    written = (root / "report.json").read_bytes()
+    interim = zerosim_cli("experiment", "--config", config, "--interim")
+    assert "Interim: 7 of 7 evaluations finished" in interim.output and "| seed | EM |" in interim.output
+    partial = json.loads((root / "interim" / "report.json").read_text())
+    assert {(r["arm"], r["em"]) for r in partial["rows"]} == {(r["arm"], r["em"]) for r in report["rows"]}
+    mixed = root / "stages" / "eval-mixed-s0-bm25" / "stage.json"
+    kept = mixed.read_bytes()
+    mixed.unlink()  # as while that evaluation still runs
+    interim = zerosim_cli("experiment", "--config", config, "--interim")
+    assert "Interim: 6 of 7 evaluations finished" in interim.output
+    assert "Still to come: eval-mixed-s0-bm25" in interim.output
+    partial = json.loads((root / "interim" / "report.json").read_text())
+    assert "mixed" not in {r["arm"] for r in partial["rows"]} and partial["interim"]["to_come"] == [
+        "eval-mixed-s0-bm25"
+    ]
+    mixed.write_bytes(kept)
+    assert (root / "report.json").read_bytes() == written
+    assert len(mlflow.search_runs(experiment_names=["exp"], output_format="list")) == len(runs)
 
     # the same experiment again (in process, as the command runs it): every stage reused, nothing re-run
     from zerosim.experiment import load_experiment, run_experiment

@@ -280,6 +280,12 @@ def experiment(
     import_: list[Path] = typer.Option(
         None, "--import", help="Bring results written by --export into this experiment first (repeatable)."
     ),
+    interim: bool = typer.Option(
+        False,
+        "--interim",
+        help="Report the evaluations finished so far (per-seed EM, most common answers, seed-level tests) "
+        "into <output_dir>/<name>/interim/ and print it; runs no stage (safe beside a running experiment).",
+    ),
 ) -> None:
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
     from contextlib import nullcontext
@@ -302,6 +308,13 @@ def experiment(
         )
         models = " with their models" if with_models else ""
         console.print(f"[bold green]exported[/] {len(written)} finished stages{models} to {export}")
+        return
+    if interim:
+        from zerosim.experiment.run import interim_report
+
+        folder, _ = interim_report(cfg)
+        typer.echo((folder / "report.md").read_text())
+        console.print(f"[bold green]interim report[/] {folder}")
         return
     if dry_run:  # writes nothing: what --import would bring is planned as if it were here
         from rich.console import Console

@@ -12,8 +12,8 @@ nothing of the project.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import enum
+import functools
 import math
 import re
 from collections.abc import Sequence

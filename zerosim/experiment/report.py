@@ -232,9 +232,11 @@ def write_report(
     evaluated: Any,
     root: Path,
     arms: dict[str, str] | None = None,
+    interim: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run. ``arms``: what
-    each arm changes against the base recipe, in words."""
+    each arm changes against the base recipe, in words. ``interim`` (the evaluations finished and those still
+    to come, by name): a report of an experiment part-way, written to ``root`` only — no MLflow run."""
     import mlflow
 
     r = cfg.report
@@ -304,6 +306,8 @@ def write_report(
         "arms": arms or {},
         "manifest": manifest(cfg, records, evaluated),
     }
+    if interim is not None:
+        report["interim"] = interim
     from zerosim.experiment.provenance import add_row_provenance
 
     add_row_provenance(report, records)  # each row: which model instances each seed's eval read
@@ -312,6 +316,8 @@ def write_report(
     atomic_write_text(root / "report.md", md)
     png = root / "report.png"
     plot_report(rows, png, reference=r.reference)
+    if interim is not None:
+        return {"report": str(root / "report.json"), "rows": len(rows), "comparisons": len(comparisons)}
     mlflow.log_text(json.dumps(report, indent=2, default=str), "report.json")
     mlflow.log_text(md, "report.md")
     mlflow.log_artifact(str(png))
@@ -339,6 +345,15 @@ LEVELS = {
 def report_markdown(report: dict[str, Any]) -> str:
     level = round(100 * report["confidence"])
     lines = []
+    if report.get("interim"):
+        done, left = report["interim"]["finished"], report["interim"]["to_come"]
+        lines += [
+            f"**Interim: {len(done)} of {len(done) + len(left)} evaluations finished.** Every number below is "
+            "of those only; an arm with fewer seeds than planned has wider seed-level intervals, or none.",
+            "",
+        ]
+        if left:
+            lines += [f"Still to come: {', '.join(left)}", ""]
     if report.get("arms"):
         lines += ["### Arms (what each changes against the base recipe)", ""]
         lines += [f"- `{arm}`: {change}" for arm, change in report["arms"].items()]

@@ -517,3 +517,38 @@ def _run_locked(
     report_path = root / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     return ExperimentResult(root, report, ran, reused, parent_id)
+
+
+INTERIM_DIR = "interim"  # <root>/interim: the report of the evaluations finished so far (--interim)
+
+
+def interim_report(cfg: ExperimentConfig) -> tuple[Path, dict[str, Any]]:
+    """A report of the evaluations finished so far with this config's settings (those the next run would
+    reuse), written to ``<root>/interim/`` (report.md, report.json, report.png) and nowhere else: no stage runs,
+    no MLflow run is written, the experiment's own report is left alone — so it can be read while another
+    process runs the experiment, or after an ``--import`` of another machine's results. Returns the folder and
+    the report."""
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment.kinds import describe_arms
+    from zerosim.experiment.report import EvalScores, write_report
+
+    root = Path(cfg.output_dir) / cfg.name
+    stages = build_stages(cfg, root)
+    state = statuses(stages, root)
+    evals = [s for s in stages if s.kind == Kind.eval]
+    done = [s for s in evals if state[s.name] == "reuse"]
+    if not done:
+        raise ConfigError(
+            f"{root}: no evaluation has finished with this config's settings yet, so there is nothing to report; "
+            "`--dry-run` shows each stage's status"
+        )
+    records = {s.name: record for s in stages if (record := read_stage(s, root)) is not None}
+    scores = [
+        EvalScores(s.meta["arm"], s.meta["engine"], s.meta["seed"], records[s.name]["outputs"]["questions"])
+        for s in done
+    ]
+    out = root / INTERIM_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    interim = {"finished": [s.name for s in done], "to_come": [s.name for s in evals if s not in done]}
+    write_report(cfg, scores, records, done[0].config, out, arms=describe_arms(cfg, stages), interim=interim)
+    return out, json.loads((out / "report.json").read_text())

@@ -153,7 +153,11 @@ def plan(
     from zerosim.training.memory import launch_from_config, launch_from_environment, launch_plan, plan_rows
 
     requested = processes  # the launch's own count (its config's num_processes, $WORLD_SIZE) unless given
-    launch = launch_from_config(Path(launch_config), processes) if launch_config else launch_from_environment(processes)
+    launch = (
+        launch_from_config(Path(launch_config), processes)
+        if launch_config
+        else launch_from_environment(processes)
+    )
     processes = launch.processes
     # per_device_train_batch_size is a multiple of num_generations (checked when the config loads)
     trajectories = t.per_device_train_batch_size * processes * t.gradient_accumulation_steps
