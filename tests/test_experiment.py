@@ -249,7 +249,11 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert "mixed" not in {r["arm"] for r in partial["rows"]} and partial["interim"]["to_come"] == [
         "eval-mixed-s0-bm25"
     ]
+    assert "eval-mixed-s0-bm25" not in partial["manifest"]["stages"]  # only current stages' records
+    assert "train-mixed-s0" in partial["manifest"]["stages"]
     mixed.write_bytes(kept)
+    refused = zerosim_cli("experiment", "--config", config, "--interim", "--dry-run", code=None)
+    assert refused.exit_code != 0 and "runs alone" in refused.output
     assert (root / "report.json").read_bytes() == written
     assert len(mlflow.search_runs(experiment_names=["exp"], output_format="list")) == len(runs)
 

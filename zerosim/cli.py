@@ -297,6 +297,8 @@ def experiment(
 
     cfg = load_experiment(config, overrides or [])
     root = Path(cfg.output_dir) / cfg.name
+    if interim and (dry_run or export is not None):
+        raise typer.BadParameter("--interim reports what has finished: it runs alone, or after an --import")
     if export is not None:
         written = export_results(
             build_stages(cfg, root),
@@ -308,13 +310,6 @@ def experiment(
         )
         models = " with their models" if with_models else ""
         console.print(f"[bold green]exported[/] {len(written)} finished stages{models} to {export}")
-        return
-    if interim:
-        from zerosim.experiment.run import interim_report
-
-        folder, _ = interim_report(cfg)
-        typer.echo((folder / "report.md").read_text())
-        console.print(f"[bold green]interim report[/] {folder}")
         return
     if dry_run:  # writes nothing: what --import would bring is planned as if it were here
         from rich.console import Console
@@ -352,6 +347,13 @@ def experiment(
         with folder_lock(root):  # not while another process runs the experiment there
             brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
         console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
+    if interim:
+        from zerosim.experiment.run import interim_report
+
+        folder, _ = interim_report(cfg)
+        typer.echo((folder / "report.md").read_text())
+        console.print(f"[bold green]interim report[/] {folder}")
+        return
     apply_threads(cfg.runtime.threads)
     started = time.perf_counter()
     result = run_experiment(cfg, echo=lambda line: console.print(line, markup=False, highlight=False))

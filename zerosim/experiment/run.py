@@ -542,7 +542,9 @@ def interim_report(cfg: ExperimentConfig) -> tuple[Path, dict[str, Any]]:
             f"{root}: no evaluation has finished with this config's settings yet, so there is nothing to report; "
             "`--dry-run` shows each stage's status"
         )
-    records = {s.name: record for s in stages if (record := read_stage(s, root)) is not None}
+    # the records of current stages only: one of other work (to run again) is not in this report's provenance
+    current = [s for s in stages if state[s.name] == "reuse"]
+    records = {s.name: record for s in current if (record := read_stage(s, root)) is not None}
     scores = [
         EvalScores(s.meta["arm"], s.meta["engine"], s.meta["seed"], records[s.name]["outputs"]["questions"])
         for s in done

@@ -237,7 +237,7 @@ def _same_work(stage: Stage, record: dict[str, Any], root: Path) -> bool:
     left out the RL recipe it shares a config with)."""
     if record.get("key") == stage.key:
         return True
-    return not stage.deps and recorded_key(stage, record, root, {}) == stage.key
+    return not stage.deps and not record.get("deps") and recorded_key(stage, record, root, {}) == stage.key
 
 
 def _within_manifest(src: Path, files: list[Path], listing: Any, manifest: Path) -> int:
