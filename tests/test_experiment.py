@@ -428,6 +428,30 @@ def test_a_warm_start_is_keyed_by_its_own_settings_not_the_rl_recipe(tmp_path):
     assert keys(recipe=["run.seed=5"])["warmstart"] != base["warmstart"]
 
 
+def test_the_warm_start_key_names_everything_the_warm_start_reads():
+    """A tripwire for WARMSTART_READS: the warm start is handed its own section, the policy's name and the
+    seed (and where to log); a new parameter, or a new policy setting it might read, must be added to the
+    key's list or the experiment reuses a warm start made under other settings."""
+    import dataclasses
+    import inspect
+
+    from zerosim.experiment.kinds import WARMSTART_READS, _warmstart
+    from zerosim.training.config import PolicyConfig
+    from zerosim.training.warmstart import run_warmstart
+
+    assert WARMSTART_READS == ("warmstart.", "policy.model", "run.seed")
+    assert list(inspect.signature(run_warmstart).parameters) == [
+        "cfg", "policy", "seed", "tracking", "output_dir", "engine"
+    ], "run_warmstart takes a new input: key it in WARMSTART_READS (zerosim/experiment/kinds.py)"  # fmt: skip
+    source = inspect.getsource(_warmstart)
+    for handed in ("c.warmstart,", "policy=c.policy.model,", "seed=c.run.seed,", "tracking=c.tracking,"):
+        assert handed in source, handed
+    assert source.count("c.") == 4, "the warm-start stage reads another setting: key it in WARMSTART_READS"
+    assert {f.name for f in dataclasses.fields(PolicyConfig)} == {"model", "dtype"}, (
+        "a new policy setting: if the warm start reads it, add it to WARMSTART_READS"
+    )
+
+
 def test_another_experiments_warm_start_keyed_under_older_rules_is_imported(tmp_path):
     """An export's warm start whose record key still covered the RL recipe (another learning rate) did this
     experiment's warm-start work: it is imported; one with other warm-start settings is not."""
