@@ -196,6 +196,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert {f"train-{a}-s0" for a in arms - {"none"}} <= set(stages)
     assert {f"eval-{a}-s0-bm25" for a in arms} <= set(stages)
     assert {"baseline-direct-none", "baseline-rag-bm25", "report"} <= set(stages)
+    # a finished training stage keeps its final policy, not the checkpoints that only served a continuation
+    assert (root / "stages" / "train-real-s0" / "real" / "final" / "config.json").is_file()
+    assert not list((root / "stages").glob("train-*/*/checkpoint-*"))
 
     report = json.loads((root / "report.json").read_text())
     assert {r["arm"] for r in report["rows"]} == arms | {"base-direct", "base-rag"}

@@ -509,6 +509,10 @@ def _run_locked(
             # paths under the folder written as <root>: a copied or moved folder reads its own files
             text = relative_to_root(json.dumps(record, indent=2, default=str), root)
             atomic_write_text(stage.dir(root) / STAGE_FILE, text)
+            if stage.kind == Kind.train:  # finished: its trainer checkpoints only served a continuation, and
+                # each holds the optimizer's state too (~3x the model: 1.6 GB a checkpoint for SmolLM2-135M)
+                for checkpoint in stage.dir(root).glob("*/checkpoint-*/"):
+                    shutil.rmtree(checkpoint, ignore_errors=True)
             mlflow.log_metric(f"stage_seconds/{stage.name}", seconds)
             outputs[stage.name] = result
             ran.append(stage.name)
