@@ -350,3 +350,27 @@ def test_train_dry_run_refuses_fewer_than_one_process(zerosim_cli):
     for n in ("0", "-1"):
         result = zerosim_cli("train", "--dry-run", "--processes", n, code=2)
         assert "--processes" in result.output
+
+
+def test_a_training_stages_best_policy_does_not_travel_without_models_and_old_records_still_import(tmp_path):
+    """The best validated policy (``best/``, beside ``final/``) is a model folder: its tokenizer and config do
+    not travel in a results export. A record from before that rule lists them among its files: still reused
+    here, and its export imported."""
+    from zerosim.experiment.stagefiles import MODEL_DIRS
+    from zerosim.experiment.transfer import export_results, import_results
+    from zerosim.training.guard import BEST_DIR
+
+    assert BEST_DIR in MODEL_DIRS
+    root = tmp_path / "here"
+    train = Stage("train-real-s0", Kind.train, None, [], key="k-train")
+    best = train.dir(root) / "real" / "best"
+    best.mkdir(parents=True)
+    (best / "tokenizer.json").write_text("{}")
+    (train.dir(root) / "real" / "result.json").write_text("{}")
+    files = {"real/best/tokenizer.json": None, "real/result.json": None}  # listed as an older record did
+    _finish(root, train, {"path": str(best.parent / "final")}, files=files)
+    out = tmp_path / "export"
+    export_results([train], root, out, name=NAME)
+    assert (out / "train-real-s0" / "real" / "result.json").is_file()
+    assert not (out / "train-real-s0" / "real" / "best").exists()
+    assert import_results([train], tmp_path / "there", out, name=NAME) == ["train-real-s0"]
