@@ -268,10 +268,7 @@ def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     from zerosim.experiment.report import EvalScores, write_report
 
     evals = [s for s in ctx.stages if s.kind == Kind.eval]
-    scores = [
-        EvalScores(s.meta["arm"], s.meta["engine"], s.meta["seed"], ctx.outputs[s.name]["questions"])
-        for s in evals
-    ]
+    scores = [EvalScores.of(s, ctx.outputs[s.name]) for s in evals]
     records = {s.name: done for s in ctx.stages if (done := read_stage(s, ctx.root)) is not None}
     # the search and rollout settings every policy was evaluated with: the base recipe's
     return write_report(

@@ -36,6 +36,11 @@ class EvalScores:
     seed: int | None  # the training seed (None: a baseline of the untrained policy)
     questions: str | Path
 
+    @classmethod
+    def of(cls, stage: Any, outputs: dict[str, Any]) -> EvalScores:
+        """An eval stage's scores from what the stage returned (its record's ``outputs``)."""
+        return cls(stage.meta["arm"], stage.meta["engine"], stage.meta["seed"], outputs["questions"])
+
 
 def _scores(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     """dataset -> question id -> metric -> score, from an eval stage's questions.jsonl. A (dataset, id) met
@@ -316,15 +321,16 @@ def write_report(
     atomic_write_text(root / "report.md", md)
     png = root / "report.png"
     plot_report(rows, png, reference=r.reference)
+    summary = {"report": str(root / "report.json"), "rows": len(rows), "comparisons": len(comparisons)}
     if interim is not None:
-        return {"report": str(root / "report.json"), "rows": len(rows), "comparisons": len(comparisons)}
+        return summary
     mlflow.log_text(json.dumps(report, indent=2, default=str), "report.json")
     mlflow.log_text(md, "report.md")
     mlflow.log_artifact(str(png))
     for row in rows:
         name = f"{row['arm']}/{row['engine']}/{row['dataset']}".replace(":", "_")
         mlflow.log_metrics({f"{name}/{k}": row[k] for k in METRICS})
-    return {"report": str(root / "report.json"), "rows": len(rows), "comparisons": len(comparisons)}
+    return summary
 
 
 def _pct(x: float | None) -> str:

@@ -549,10 +549,7 @@ def interim_report(cfg: ExperimentConfig) -> tuple[Path, dict[str, Any]]:
     # the records of current stages only: one of other work (to run again) is not in this report's provenance
     current = [s for s in stages if state[s.name] == "reuse"]
     records = {s.name: record for s in current if (record := read_stage(s, root)) is not None}
-    scores = [
-        EvalScores(s.meta["arm"], s.meta["engine"], s.meta["seed"], records[s.name]["outputs"]["questions"])
-        for s in done
-    ]
+    scores = [EvalScores.of(s, records[s.name]["outputs"]) for s in done]
     out = root / INTERIM_DIR
     out.mkdir(parents=True, exist_ok=True)
     interim = {"finished": [s.name for s in done], "to_come": [s.name for s in evals if s not in done]}
