@@ -263,9 +263,16 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     # the same experiment again (in process, as the command runs it): every stage reused, nothing re-run
     from zerosim.experiment import load_experiment, run_experiment
 
+    # ... and a reused training stage loses the checkpoints a kill after its record (or older code) left
+    run = root / "stages" / "train-real-s0" / "real"
+    for left in ("checkpoint-3", ".deleting-checkpoint-2"):
+        (run / left).mkdir()
+        (run / left / "trainer_state.json").write_text("{}")
     again = run_experiment(load_experiment(config), echo=lambda line: None)
     assert again.ran == [] and set(again.reused) == set(stages)
     assert _stages(root) == stages
+    assert not (run / "checkpoint-3").exists() and not (run / ".deleting-checkpoint-2").exists()
+    assert (run / "final" / "config.json").is_file()
 
     # a changed arm re-runs that arm (training, eval) and the report only
     cfg = yaml.safe_load(config.read_text())

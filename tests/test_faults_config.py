@@ -368,6 +368,9 @@ EXPERIMENT_INPUTS = [
     ("arm-name-with-a-slash", ["arms.a/b.rl=false"], ["arms.'a/b'", "^[a-z0-9][a-z0-9._-]*$", "arms.a-b"]),
     ("arm-name-uppercase", ["arms.Real2.rl=false"], ["arms.'Real2'", "rename the arm, e.g. arms.real2"]),
     ("arm-name-empty", ['arms={"": {rl: false}}'], ["arms.''", "^[a-z0-9][a-z0-9._-]*$"]),
+    # its run folder would be a model folder: left out of its results and exports
+    ("arm-named-like-a-model-folder", ["arms.best.rl=false"], ["arms.best", "model folder", "arms.arm-best"]),
+    ("arm-named-like-a-checkpoint", ["arms.checkpoint-9.rl=false"], ["arms.checkpoint-9", "model folder"]),
     ("output-dir-is-a-file", ["output_dir=a-file"], ["output_dir", "a-file is an existing file, not a folder"]),
     ("log-model-without-final-checkpoint", ["tracking.log_model=true", "overrides=[trainer.save_final=false]"], ["arms.", "tracking.log_model=true", "trainer.save_final=false"]),
     # inputs only a training or evaluation stage reads, hours in: read as that stage's job reads them, first

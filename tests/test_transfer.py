@@ -374,3 +374,18 @@ def test_a_training_stages_best_policy_does_not_travel_without_models_and_old_re
     assert (out / "train-real-s0" / "real" / "result.json").is_file()
     assert not (out / "train-real-s0" / "real" / "best").exists()
     assert import_results([train], tmp_path / "there", out, name=NAME) == ["train-real-s0"]
+
+
+def test_a_critic_and_a_killed_checkpoint_deletion_do_not_travel(tmp_path):
+    """A PPO run's ``critic/`` is a model folder, and ``.deleting-checkpoint-N/`` (a deletion killed midway) is
+    hidden: neither is among a training stage's results files, so neither is exported as a stub."""
+    from zerosim.experiment.stagefiles import written_files
+
+    root = tmp_path / "here"
+    train = Stage("train-real-s0", Kind.train, None, [], key="k-train")
+    run = train.dir(root) / "real"
+    for folder in ("critic", ".deleting-checkpoint-2"):
+        (run / folder).mkdir(parents=True)
+        (run / folder / "config.json").write_text("{}")
+    (run / "result.json").write_text("{}")
+    assert set(written_files(train, root)) == {"real/result.json"}

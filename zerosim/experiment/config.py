@@ -173,6 +173,8 @@ def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
     """Every arm's name fits :data:`ARM_NAME` and is no baseline's row (:func:`baseline_arm`). Distinct names
     stay distinct once named: a report row is the name itself, and its stages (``train-<arm>-s<seed>``,
     ``eval-<arm>-s<seed>-<engine>``) end in a seed and an engine that hold no name's characters apart."""
+    from zerosim.experiment.stagefiles import CHECKPOINT_PREFIX, MODEL_DIRS
+
     baselines = {baseline_arm(m.value): m.value for m in Method}
     for name in arms:
         if not ARM_NAME.match(name):
@@ -181,6 +183,12 @@ def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
                 f"arms.{name!r}: an arm's name becomes its report row, its run's name and its stage folders "
                 "(train-<arm>-s<seed>), so it must be lowercase letters, digits, '.', '_' or '-', starting "
                 f"with a letter or digit (^[a-z0-9][a-z0-9._-]*$); rename the arm, e.g. arms.{fixed}"
+            )
+        if name in MODEL_DIRS or name.startswith(CHECKPOINT_PREFIX):
+            raise ConfigError(
+                f"arms.{name}: an arm's run folder is named after it, and a folder named {name!r} is a model "
+                f"folder (final/, best/, critic/, checkpoint-*/), left out of its stage's results and exports, so "
+                f"its curves and records would not travel; rename the arm, e.g. arms.arm-{name}"
             )
         if name in baselines:
             raise ConfigError(

@@ -400,6 +400,20 @@ def _with_runs_started(clock: StageClock, parent_id: str) -> list[str]:
     return list(dict.fromkeys([*clock.runs, *started]))
 
 
+def drop_checkpoints(stage: Stage, root: Path) -> None:
+    """A finished training stage's trainer checkpoints: they only served its continuation, and each holds the
+    optimizer's state too (~3x the model: 1.6 GB a checkpoint for SmolLM2-135M). Its final and best policies
+    stay. Called when its record is written, and again whenever it is reused (a kill between the two, or a
+    stage finished by older code, left them)."""
+    if stage.kind != Kind.train or not stage.dir(root).is_dir():
+        return
+    from zerosim.training.checkpoint import remove_all
+
+    for run in stage.dir(root).iterdir():
+        if run.is_dir() and not run.is_symlink():
+            remove_all(run)
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -456,6 +470,7 @@ def _run_locked(
             for done in stages[: number[stage.name] - 1] if stage is not None else stages:
                 if done.name not in outputs:
                     outputs[done.name] = read_stage(done, root)["outputs"]
+                    drop_checkpoints(done, root)  # what a kill after its record, or older code, left there
                     reused.append(done.name)
                     echo(f"[{number[done.name]}/{len(stages)}] {done.name}: reused")
             if stage is None:
@@ -509,10 +524,7 @@ def _run_locked(
             # paths under the folder written as <root>: a copied or moved folder reads its own files
             text = relative_to_root(json.dumps(record, indent=2, default=str), root)
             atomic_write_text(stage.dir(root) / STAGE_FILE, text)
-            if stage.kind == Kind.train:  # finished: its trainer checkpoints only served a continuation, and
-                # each holds the optimizer's state too (~3x the model: 1.6 GB a checkpoint for SmolLM2-135M)
-                for checkpoint in stage.dir(root).glob("*/checkpoint-*/"):
-                    shutil.rmtree(checkpoint, ignore_errors=True)
+            drop_checkpoints(stage, root)
             mlflow.log_metric(f"stage_seconds/{stage.name}", seconds)
             outputs[stage.name] = result
             ran.append(stage.name)

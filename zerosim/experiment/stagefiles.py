@@ -33,14 +33,21 @@ REPORT_FILES = (
 NOT_RESULTS = (STAGE_FILE, ATTEMPT_FILE)  # a stage folder's bookkeeping: its record, its time so far
 
 
-# a training stage's model folders: its final policy, and the best validated one (zerosim.training.guard.BEST_DIR)
-MODEL_DIRS = ("final", "best")
+# a stage's model folders: its final policy, the best validated one (zerosim.training.guard.BEST_DIR) and a
+# PPO run's critic; an arm may not take one of these names (its run folder would not travel)
+MODEL_DIRS = ("final", "best", "critic")
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def _model_or_hidden(part: str) -> bool:
+    return part in MODEL_DIRS or part.startswith((CHECKPOINT_PREFIX, "."))
 
 
 def portable(rel: Path, *, is_dir: bool = False) -> bool:
     """Whether a path of a stage's folder (relative to it) travels: not a model (``final/``, ``best/``,
-    ``checkpoint-*/``, weight files) nor a hidden file."""
-    if any(p in MODEL_DIRS or p.startswith("checkpoint-") for p in rel.parts[: None if is_dir else -1]):
+    ``critic/``, ``checkpoint-*/``, weight files), nor hidden (a file, or a folder such as what a killed
+    checkpoint deletion left: ``.deleting-checkpoint-*/``)."""
+    if any(_model_or_hidden(p) for p in rel.parts[: None if is_dir else -1]):
         return False
     return is_dir or not (rel.name.endswith(WEIGHT_SUFFIXES) or rel.name.startswith("."))
 

@@ -5,7 +5,8 @@ What travels is what the report and the stages downstream read — each finished
 (``stage.json``), its per-question scores and answers, tables and collected data, its MLflow run ids (in the
 record) and its runs' metrics and sample trajectories (``mlflow/metrics.csv``, ``mlflow/samples/``; a stage
 that failed or stopped travels as these only: :mod:`zerosim.experiment.runlogs`) — and no model unless asked
-(below): folders named ``final`` or ``checkpoint-*`` and weight files stay behind. Paths
+(below): model folders (``final``, ``best``, ``critic``, ``checkpoint-*``), hidden files and folders and weight
+files stay behind. Paths
 under the experiment's folder are written as ``<root>`` and read back as the folder imported into, so arms run
 on different machines (one arm per GPU node, or one CPU machine after another) merge into one report.
 

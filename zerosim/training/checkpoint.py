@@ -329,6 +329,18 @@ def remove_checkpoint(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+def remove_all(output_dir: Path) -> list[Path]:
+    """Remove every ``checkpoint-N`` folder of a finished run, and the leftovers of deletions killed midway
+    (each renamed out of the checkpoint names first, as :func:`remove_checkpoint`). Returns what it removed."""
+    gone = [path for _, path in checkpoints(output_dir)]
+    for path in gone:
+        remove_checkpoint(path)
+    for leftover in Path(output_dir).glob(f"{_DELETING}checkpoint-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+        gone.append(leftover)
+    return gone
+
+
 def discard_after(checkpoint: Path) -> None:
     """Remove the ``checkpoint-M`` folders newer than ``checkpoint`` (a resume redoes those steps): what a
     killed attempt left there must not mix with the files the redone steps write."""
