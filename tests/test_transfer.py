@@ -356,7 +356,7 @@ def test_a_training_stages_best_policy_does_not_travel_without_models_and_old_re
     """The best validated policy (``best/``, beside ``final/``) is a model folder: its tokenizer and config do
     not travel in a results export. A record from before that rule lists them among its files: still reused
     here, and its export imported."""
-    from zerosim.experiment.stagefiles import MODEL_DIRS
+    from zerosim.experiment.provenance import MODEL_DIRS
     from zerosim.experiment.transfer import export_results, import_results
     from zerosim.training.guard import BEST_DIR
 

@@ -173,7 +173,7 @@ def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
     """Every arm's name fits :data:`ARM_NAME` and is no baseline's row (:func:`baseline_arm`). Distinct names
     stay distinct once named: a report row is the name itself, and its stages (``train-<arm>-s<seed>``,
     ``eval-<arm>-s<seed>-<engine>``) end in a seed and an engine that hold no name's characters apart."""
-    from zerosim.experiment.stagefiles import CHECKPOINT_PREFIX, MODEL_DIRS
+    from zerosim.experiment.provenance import CHECKPOINT_PREFIX, MODEL_DIRS
 
     baselines = {baseline_arm(m.value): m.value for m in Method}
     for name in arms:

@@ -25,6 +25,11 @@ Stage = Any  # a kinds.Stage (name, kind, deps)
 RecordOf = Callable[[Any], Mapping[str, Any] | None]  # a stage -> its finished record (kinds.read_stage)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 NOT_WEIGHTS = ("training_args.bin",)  # pickled run arguments (paths, dates), not weights
+# a stage's model folders: its final policy, the best validated one (zerosim.training.guard.BEST_DIR) and a
+# PPO run's critic, and its trainer checkpoints; they travel only with --with-models, so an arm may not take
+# one of these names (its run folder would not travel)
+MODEL_DIRS = ("final", "best", "critic")
+CHECKPOINT_PREFIX = "checkpoint-"
 SHORT = 8  # digest characters shown in the dry run and the report
 UNRECORDED = "unrecorded"  # a record from before digests: which instance it read is unknown
 

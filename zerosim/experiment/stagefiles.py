@@ -23,7 +23,7 @@ from typing import Any
 
 from zerosim.core.config import ConfigError
 from zerosim.experiment.kinds import ATTEMPT_FILE, ROOT, STAGE_FILE, Kind, Stage
-from zerosim.experiment.provenance import WEIGHT_SUFFIXES, file_sha256
+from zerosim.experiment.provenance import CHECKPOINT_PREFIX, MODEL_DIRS, WEIGHT_SUFFIXES, file_sha256
 
 REPORT_FILES = (
     "report.json",
@@ -31,12 +31,6 @@ REPORT_FILES = (
     "report.png",
 )  # the report stage's files, in the experiment's folder
 NOT_RESULTS = (STAGE_FILE, ATTEMPT_FILE)  # a stage folder's bookkeeping: its record, its time so far
-
-
-# a stage's model folders: its final policy, the best validated one (zerosim.training.guard.BEST_DIR) and a
-# PPO run's critic; an arm may not take one of these names (its run folder would not travel)
-MODEL_DIRS = ("final", "best", "critic")
-CHECKPOINT_PREFIX = "checkpoint-"
 
 
 def _model_or_hidden(part: str) -> bool:

@@ -6,9 +6,9 @@ What travels is what the report and the stages downstream read — each finished
 record) and its runs' metrics and sample trajectories (``mlflow/metrics.csv``, ``mlflow/samples/``; a stage
 that failed or stopped travels as these only: :mod:`zerosim.experiment.runlogs`) — and no model unless asked
 (below): model folders (``final``, ``best``, ``critic``, ``checkpoint-*``), hidden files and folders and weight
-files stay behind. Paths
-under the experiment's folder are written as ``<root>`` and read back as the folder imported into, so arms run
-on different machines (one arm per GPU node, or one CPU machine after another) merge into one report.
+files stay behind. Paths under the experiment's folder are written as ``<root>`` and read back as the folder
+imported into, so arms run on different machines (one arm per GPU node, or one CPU machine after another)
+merge into one report.
 
 With ``--with-models`` each stage's model folder (``outputs.path``: the warm start's, the simulator's, each
 arm's ``final``) travels too, so a continuation elsewhere reads the very weights instead of making them again

@@ -286,8 +286,7 @@ class ZerosimState(TrainerCallback):
         """Delete what a resume will never need, now that ``checkpoint-<newest>`` is complete: complete
         checkpoints beyond the newest ``keep``, the leftovers of saves killed before ``newest`` and of
         deletions killed midway. Each is renamed out of the ``checkpoint-N`` names first, then removed."""
-        for leftover in output_dir.glob(f"{_DELETING}checkpoint-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        remove_leftovers(output_dir)
         kept = 0
         for step, path in reversed(checkpoints(output_dir)):
             if step > newest:
@@ -329,16 +328,18 @@ def remove_checkpoint(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def remove_all(output_dir: Path) -> list[Path]:
-    """Remove every ``checkpoint-N`` folder of a finished run, and the leftovers of deletions killed midway
-    (each renamed out of the checkpoint names first, as :func:`remove_checkpoint`). Returns what it removed."""
-    gone = [path for _, path in checkpoints(output_dir)]
-    for path in gone:
-        remove_checkpoint(path)
+def remove_leftovers(output_dir: Path) -> None:
+    """Remove what deletions killed midway left (``.deleting-checkpoint-N``: out of the checkpoint names)."""
     for leftover in Path(output_dir).glob(f"{_DELETING}checkpoint-*"):
         shutil.rmtree(leftover, ignore_errors=True)
-        gone.append(leftover)
-    return gone
+
+
+def remove_all(output_dir: Path) -> None:
+    """Remove every ``checkpoint-N`` folder of a finished run (each as :func:`remove_checkpoint`), and the
+    leftovers of deletions killed midway."""
+    for _, path in checkpoints(output_dir):
+        remove_checkpoint(path)
+    remove_leftovers(output_dir)
 
 
 def discard_after(checkpoint: Path) -> None:
