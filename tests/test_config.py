@@ -58,3 +58,20 @@ def test_every_recipe_in_configs_loads():
     assert len(recipes) >= 3
     for recipe in recipes:
         load_train_config(recipe)
+
+
+def test_override_reaches_a_mapping_key_with_dots():
+    """An arm may be named with a dot (the v2 ablation's ``sim-noise-0.3``); the documented
+    ``arms.<name>.enabled=false`` must reach it, not split it into ``sim-noise-0`` and ``3``."""
+    from zerosim.experiment.config import load_experiment
+
+    preset = "configs/experiments/curriculum-ablation-v2-cpu.yaml"
+    pairs = "report.pairs=[sim-curriculum:sim-fixed-matched]"  # the preset pairs the arm; drop that pair
+    cfg = load_experiment(preset, ["arms.sim-noise-0.3.enabled=false", pairs])
+    assert cfg.arms["sim-noise-0.3"].enabled is False and cfg.arms["sim-noise-0"].enabled is True
+    assert "sim-noise-0.3" not in cfg.enabled_arms()
+    # the bracketed form still works, and a key the config does not hold is still refused by name
+    cfg = load_experiment(preset, ["arms[sim-noise-0.3].enabled=false", pairs])
+    assert cfg.arms["sim-noise-0.3"].enabled is False
+    with pytest.raises(ConfigError, match=r"unknown config key 'arms.sim-noise-0.3.enabld'"):
+        load_experiment(preset, ["arms.sim-noise-0.3.enabld=false"])

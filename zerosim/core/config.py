@@ -201,23 +201,24 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, schem
                 f"config file {path} does not exist (recipes live in configs/, e.g. configs/demo.yaml)"
             )
         layers.append((str(path), _load_yaml(path)))
-    for item in overrides:
+    merged = base
+    for source, layer in layers:  # the recipe
+        merged = _merge(merged, layer, base, source)
+    for item in overrides:  # each against what the recipe and the overrides before it made
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. trainer.max_steps=10)")
+        key, _, value = item.partition("=")
+        source = f"override '{item}'"
         try:
-            layers.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+            layer = OmegaConf.from_dotlist([f"{_bracket_dotted_keys(key.strip(), merged)}={value}"])
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
             detail = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
             raise ConfigError(
                 f"override '{item}': cannot parse the value ({detail}); quote strings and close brackets, "
                 "e.g. 'datasets=[a.jsonl,b.jsonl]'"
             ) from None
-    merged = base
-    for source, layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as exc:
-            raise _explain(exc, base, source) from None
+        layers.append((source, layer))
+        merged = _merge(merged, layer, base, source)
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
@@ -225,6 +226,36 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, schem
     _check_numbers(cfg, "", base, layers)
     _check_fields(cfg, "")
     return cfg
+
+
+def _merge(merged: DictConfig, layer: DictConfig, base: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(merged, layer)
+    except OmegaConfBaseException as exc:
+        raise _explain(exc, base, source) from None
+
+
+def _bracket_dotted_keys(key: str, config: DictConfig) -> str:
+    """``key`` with each mapping key that holds dots written in brackets, so that the dotted form reaches it:
+    ``arms.sim-noise-0.3.enabled`` -> ``arms[sim-noise-0.3].enabled`` where ``config.arms`` has the key
+    ``sim-noise-0.3`` (a name the dotlist parser would otherwise split into ``sim-noise-0`` and ``3``). The
+    longest run of parts that ``config`` holds as one key wins; a key already bracketed, or one the config does
+    not hold, is left as written."""
+    if "[" in key or "." not in key:
+        return key
+    parts, out, node = key.split("."), [], config
+    i = 0
+    while i < len(parts):
+        try:
+            keys = {str(k) for k in node.keys()} if isinstance(node, DictConfig) else set()
+        except OmegaConfBaseException:  # a missing (???) mapping
+            keys = set()
+        width = next((w for w in range(len(parts) - i, 1, -1) if ".".join(parts[i : i + w]) in keys), 1)
+        name = ".".join(parts[i : i + width])
+        out.append(f"[{name}]" if width > 1 else f".{name}" if out else name)
+        node = node._get_node(name) if name in keys else None  # the node, not its (maybe unresolvable) value
+        i += width
+    return "".join(out)
 
 
 def _origin(key: str, layers: Sequence[tuple[str, DictConfig]]) -> str:
