@@ -92,8 +92,10 @@ class ExperimentEvalConfig:
     split: str = "fact-test"
     # questions per dataset (which ones: sample); None = all
     limit: int | None = ranged(None, ">=1", "null = every question")
-    # with limit: a random sample seeded by the first seed and stratified by hops (stratified), or the first N rows (first)
+    # with limit: a random sample seeded by eval.seed and stratified by hops (stratified), or the first N rows (first)
     sample: Sample = Sample.stratified
+    # seeds every evaluation (the question sample; a greedy one over every question reads it nowhere): one value for every arm and seed, not the first of seeds, so a part run (seeds=[3]) evaluates as the whole experiment does
+    seed: int = ranged(0, ">=0")
     # real engines every policy is evaluated with (bm25, dense, hybrid, http)
     engines: list[EngineName] = field(default_factory=lambda: [EngineName.bm25, EngineName.dense])
     # methods run on the untrained policy (direct, rag)

@@ -17,6 +17,7 @@ from typing import Any
 
 from zerosim.core.config import flatten
 from zerosim.experiment.kinds import KINDS, Kind, Stage, read_stage
+from zerosim.experiment.provenance import written_digest
 
 # A stage's key holds only the settings that differ from their schema's defaults, so a release that adds a
 # setting at a default that changes nothing does not re-run finished stages. A release that changes a default
@@ -74,11 +75,23 @@ def _keyed(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _live(kind: str, changes: dict[str, Any], config: Any, schema: type) -> dict[str, Any]:
+    """``changes`` less the settings the kind's result cannot depend on given the rest of ``config``
+    (:attr:`StageKind.inert`: the seed of a greedy evaluation of every question), read with defaults filled
+    in — so a record and today's config that differ only there get one key."""
+    inert = KINDS[kind].inert({**schema_defaults(schema), **_leaves(config)})
+    return {k: v for k, v in changes.items() if k not in inert}
+
+
 def fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
     """The stage's key: what its result depends on — its settings that differ from their defaults (those its
-    kind reads), the version of those defaults, and the keys of the stages it reads (``keys``: by name)."""
+    kind reads and it can depend on), the version of those defaults, and the keys of the stages it reads
+    (``keys``: by name)."""
     schema = KINDS[stage.kind].schema
-    config = None if stage.config is None else _keyed(stage.kind, changed_settings(stage.config, schema))
+    config = None
+    if stage.config is not None:
+        changes = _keyed(stage.kind, changed_settings(stage.config, schema))
+        config = _live(stage.kind, changes, stage.config, schema)
     return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
 
 
@@ -106,6 +119,12 @@ def _recorded_changes(recorded: dict[str, Any], schema: type) -> dict[str, Any]:
     }
 
 
+def _same_weights(dep: str, dep_done: dict[str, Any], done: dict[str, Any]) -> bool:
+    """``dep``'s record holds a model with the digest ``done`` records having read from it."""
+    wrote = written_digest(dep_done)
+    return wrote is not None and (done.get("reads") or {}).get(dep) == wrote
+
+
 def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[str, Stage]) -> str | None:
     """The key today's rules give what a finished stage ran — its recorded config and meta, and the records of
     the stages it read, each finished before it — or None where the records cannot tell.
@@ -119,8 +138,13 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
     for name in stage.deps:
         dep = stages.get(name)
         dep_done = None if dep is None else read_stage(dep, root)
-        # the record this stage read: a dependency finished after it was re-run since
-        if dep_done is None or str(dep_done.get("finished", "~")) > str(done.get("finished", "")):
+        # the record this stage read: a dependency finished after it was re-run since — which changes
+        # nothing where it wrote the very weights this stage's record says it read (a model re-made under
+        # the same key on the same CPU kind, as :func:`~zerosim.experiment.provenance.provenance` reuses)
+        if dep_done is None or (
+            str(dep_done.get("finished", "~")) > str(done.get("finished", ""))
+            and not _same_weights(name, dep_done, done)
+        ):
             return None
         key = dep_done.get("key")
         if key != dep.key:
@@ -129,7 +153,9 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
             return None
         deps[name] = key
     schema = KINDS[stage.kind].schema
-    changes = None if stage.config is None else _keyed(stage.kind, _recorded_changes(config, schema))
+    changes = None
+    if stage.config is not None:
+        changes = _live(stage.kind, _keyed(stage.kind, _recorded_changes(config, schema)), config, schema)
     return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 
 

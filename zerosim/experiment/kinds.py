@@ -306,6 +306,18 @@ def _eval_units(c: EvalConfig) -> float:
     return n * (1 / 3 if c.method == "direct" else 1.0)
 
 
+def _eval_inert(leaves: dict[str, Any]) -> tuple[str, ...]:
+    """An evaluation reads its seed to sample questions (``limit``), to sample the policy's tokens
+    (``rollout.temperature`` > 0) and to draw a simulator's words or a retriever's noisy slots (none while
+    evaluating: no curriculum). A greedy evaluation of every question over a real retriever (or none) reads it
+    nowhere: every experiment's evaluation unless eval.limit is set
+    (tests/test_eval_harness.py::test_a_greedy_evaluation_of_every_question_reads_no_seed)."""
+    engine = leaves.get("search.engine")
+    searched = leaves.get("method") == "direct" or (engine is not None and EngineName(engine).real)
+    greedy = leaves.get("rollout.temperature") == 0
+    return ("seed",) if greedy and leaves.get("limit") is None and searched else ()
+
+
 def _describe_train(stage: Stage) -> str:
     c = stage.config
     t, cur = c.trainer, c.curriculum
@@ -348,6 +360,9 @@ class StageKind:
     # the settings its result depends on, where its schema holds more (a path, or a section ending in "."):
     # the stage key reads only these, so a change elsewhere re-runs nothing. () = every setting
     keyed_on: tuple[str, ...] = ()
+    # the settings its result cannot depend on given the others (its config's dotted leaves, defaults filled
+    # in): left out of the stage key, so a stage whose record differs only there is reused
+    inert: Callable[[dict[str, Any]], tuple[str, ...]] = lambda leaves: ()
 
     def estimate(self, stage: Stage, rate: float | None = None) -> float:
         """Seconds the stage should take, at ``rate`` (default: the shipped one) per unit."""
@@ -429,6 +444,7 @@ KINDS: dict[Kind, StageKind] = {
             f"{s.config.method} on {','.join(s.config.datasets)} ({s.config.limit or 'all'}), "
             f"search={s.meta['engine']}"
         ),
+        inert=_eval_inert,
     ),
     Kind.report: StageKind(
         job="(the experiment's report)",

@@ -319,7 +319,7 @@ def _eval_config(
         f"batch_size={e.batch_size}",
         f"output_dir={root / 'stages' / stage_name}",
         "run_name=eval",
-        f"seed={cfg.seeds[0]}",
+        f"seed={e.seed}",  # not the first of seeds: a part run (seeds=[3]) evaluates as the whole one does
         *e.overrides,
     ]
     if e.limit is not None:
