@@ -118,3 +118,49 @@ def test_cli_eval_end_to_end(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"table.md", "table.json", "samples"} <= artifacts
     assert Path(tmp_path / "out" / "rag-bm25" / "table.md").read_text().startswith("### rag")
+
+
+def test_a_greedy_evaluation_of_every_question_reads_no_seed(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
+    """What lets an experiment leave the seed out of a greedy evaluation's stage key
+    (zerosim/experiment/kinds.py::_eval_inert): every question, greedy, over BM25, two seeds answer alike —
+    while sampling (temperature 1), they do not, so the comparison can tell."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"What is the capital of country {i}?", "golden_answers": ["Lima"]})
+            + "\n"
+            for i in range(6)
+        )
+    )
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "contents": f"Country {i}\nThe capital of country {i} is Lima."}) + "\n"
+            for i in range(6)
+        )
+    )
+
+    def transcripts(seed: int, temperature: float) -> list[str]:
+        """Every question's whole trajectory (the tiny model rarely writes an answer to compare)."""
+        import mlflow
+
+        run_name = f"seed-{seed}-t{temperature}"
+        zerosim_cli(
+            "eval", "--policy", str(tiny_model_dir), "--dataset", str(qa), "--search", "bm25",
+            "--method", "agent", f"search.bm25.corpus={corpus}", "batch_size=3", f"seed={seed}",
+            f"rollout.temperature={temperature}", "rollout.max_new_tokens=12", "rollout.max_turns=2",
+            "num_sample_trajectories=6", f"run_name={run_name}", f"output_dir={tmp_path / run_name}",
+            f"tracking.tracking_uri={mlflow_db}",
+        )  # fmt: skip
+        mlflow.set_tracking_uri(mlflow_db)
+        (run,) = mlflow.search_runs(
+            experiment_names=["zerosim-eval"], filter_string=f"tags.mlflow.runName = '{run_name}'",
+            output_format="list",
+        )  # fmt: skip
+        text = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/samples/trajectories.jsonl")
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert len(rows) == 6
+        return [row["transcript"] for row in rows]
+
+    assert transcripts(0, 0.0) == transcripts(5, 0.0)
+    assert transcripts(0, 1.0) != transcripts(5, 1.0)

@@ -560,6 +560,99 @@ def test_a_stage_whose_record_shows_todays_work_is_reused_whatever_key_it_was_wr
     assert status(by_name["eval-real-s0-bm25"], root, stages) == "re-run"
 
 
+def test_a_part_run_evaluates_as_the_whole_experiment_does(tmp_path):
+    """A part of an experiment run alone (seeds=[1]) keys its stages as the whole one (seeds=[0, 1]) does, so
+    its exported results import into it: evaluations are seeded by eval.seed, not by the first of seeds
+    (here with eval.limit, where the seed draws the questions)."""
+    from zerosim.experiment import build_stages, load_experiment
+
+    def keys(*overrides):
+        cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
+        return {s.name: s.key for s in build_stages(cfg, tmp_path / "root")}
+
+    whole, part = keys("seeds=[0,1]"), keys("seeds=[1]")
+    for name in ("train-real-s1", "eval-real-s1-bm25", "eval-sim-s1-bm25", "baseline-rag-bm25"):
+        assert part[name] == whole[name], name
+    assert keys("eval.seed=5")["eval-real-s0-bm25"] != keys()["eval-real-s0-bm25"]  # the sample it draws
+
+
+def test_a_greedy_evaluation_of_every_question_is_keyed_without_its_seed(tmp_path):
+    """An experiment's evaluations are greedy; over every question (eval.limit unset) with a real retriever
+    they read their seed nowhere (tests/test_eval_harness.py shows it), so the key leaves it out — a record
+    written with another eval seed is reused — while a sampled subset (eval.limit) keeps it."""
+    from dataclasses import replace
+
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.keys import status
+    from zerosim.experiment.kinds import STAGE_FILE
+    from zerosim.experiment.run import plain as _plain
+
+    def stages(*overrides):
+        cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
+        return {s.name: s for s in build_stages(cfg, tmp_path / "root")}
+
+    every = "eval.limit=null"
+    seed = "eval.overrides=[seed=3]"  # what eval.seed sets
+    now, seeded = stages(every), stages(every, seed)
+    sample, sample_seeded = stages(), stages(seed)
+    for name in ("eval-real-s0-bm25", "baseline-direct-none", "baseline-rag-bm25"):
+        assert seeded[name].key == now[name].key, name
+        assert sample_seeded[name].key != sample[name].key, name
+
+    # a record of the same greedy evaluation run with seed 3 (a part run under the old seeding) is reused
+    root = tmp_path / "root"
+    evaluated = now["eval-real-s0-bm25"]
+    for stage in now.values():
+        config = stage.config
+        if stage.name == evaluated.name:
+            config = replace(config, seed=3)
+        stage.dir(root).mkdir(parents=True, exist_ok=True)
+        plain = json.loads(json.dumps(_plain(config), default=str)) if config is not None else None
+        record = {"key": "older-rules", "meta": stage.meta, "finished": "2026-01-01T00:00:00+0000",
+                  "config": plain, "outputs": {}}  # fmt: skip
+        (stage.dir(root) / STAGE_FILE).write_text(json.dumps(record))
+    assert status(evaluated, root, list(now.values())) == "reuse"
+    sampled = replace(evaluated.config, seed=3, limit=8)
+    (evaluated.dir(root) / STAGE_FILE).write_text(
+        json.dumps({"key": "older-rules", "meta": evaluated.meta, "finished": "2026-01-01T00:00:00+0000",
+                    "config": json.loads(json.dumps(_plain(sampled), default=str)), "outputs": {}})  # fmt: skip
+    )
+    assert status(evaluated, root, list(now.values())) == "re-run"
+
+
+def test_a_model_re_made_with_the_weights_its_readers_read_keeps_them_reused(tmp_path):
+    """Stages keyed under older rules are reused by what their records show; a warm start re-made after them
+    (its model was not here) with the very weights they record having read leaves them reused — with other
+    weights, they run again."""
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.keys import status
+    from zerosim.experiment.kinds import STAGE_FILE
+    from zerosim.experiment.run import plain as _plain
+
+    root = tmp_path / "root"
+    cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
+    stages = build_stages(cfg, root)
+    by_name = {s.name: s for s in stages}
+    digest = {s.name: f"{i:064x}" for i, s in enumerate(stages)}
+
+    def record(stage, *, finished="2026-01-01T00:00:00+0000", wrote=None):
+        stage.dir(root).mkdir(parents=True, exist_ok=True)
+        config = None if stage.config is None else json.loads(json.dumps(_plain(stage.config), default=str))
+        written = {"key": "older-rules", "meta": stage.meta, "finished": finished, "config": config,
+                   "outputs": {}, "reads": {d: digest[d] for d in stage.deps},
+                   "model": {"sha256": wrote or digest[stage.name]}}  # fmt: skip
+        (stage.dir(root) / STAGE_FILE).write_text(json.dumps(written))
+
+    for stage in stages:
+        record(stage)
+    readers = [s for s in stages if "warmstart" in s.deps]
+    assert readers and {status(s, root, stages) for s in readers} == {"reuse"}
+    record(by_name["warmstart"], finished="2026-06-01T00:00:00+0000")  # re-made: the same weights
+    assert {status(s, root, stages) for s in readers} == {"reuse"}
+    record(by_name["warmstart"], finished="2026-06-01T00:00:00+0000", wrote="f" * 64)  # other weights
+    assert {status(s, root, stages) for s in readers} == {"re-run"}
+
+
 SNAPSHOT = ROOT / "tests" / "snapshots" / "stage_key_defaults.json"
 
 
