@@ -1053,3 +1053,20 @@ def test_no_simulator_stages_when_no_arm_trains_against_one(tmp_path):
         SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path}"]
     )
     assert "sim-sft" in [s.name for s in build_stages(smoke, tmp_path / smoke.name)]  # its sim arm needs one
+
+
+def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli, monkeypatch):
+    """The exported v2 ablation (results/curriculum-ablation-v2-cpu, four sittings on one CPU kind) plans as
+    finished in a folder that has none of it: every stage reused but the report (its files stayed in the
+    folder it was written to), whose reason — a path in brackets — prints as text, under <root>, instead of
+    being read as rich markup and failing the dry run."""
+    monkeypatch.chdir(ROOT)
+    out = zerosim_cli(
+        "experiment", "--config", "configs/experiments/curriculum-ablation-v2-cpu.yaml",
+        "--import", "results/curriculum-ablation-v2-cpu", "--dry-run", f"output_dir={tmp_path}",
+    ).output  # fmt: skip
+    status = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines()
+              if line.count("│") >= 4 and line.split("│")[1].strip() not in ("", "stage")}  # fmt: skip
+    assert len(status) == 47 and status.pop("report") == "re-run"
+    assert set(status.values()) == {"reuse"}
+    assert "<root>/report.json" in out.replace("\n", "").replace(" ", "") and "zerosim-import-preview" not in out

@@ -314,6 +314,7 @@ def experiment(
     if dry_run:  # writes nothing: what --import would bring is planned as if it were here
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         from zerosim.experiment.estimates import rates_basis
 
@@ -330,8 +331,8 @@ def experiment(
         table = Table(title=f"zerosim experiment {config} -> {root} (dry run: nothing loaded)")
         for column in ("stage", "status", "estimate", "what"):
             table.add_column(column)
-        for row in rows:
-            table.add_row(*row)
+        for row in rows:  # plain text: a reason names paths in brackets, which are not markup
+            table.add_row(*(Text(cell) for cell in row))
         total = sum(float(r[2].split()[0]) for r in rows)
         table.caption = f"estimated {total:.0f} min for the stages to run ({rates_basis(stages)})"
         Console(width=200).print(table)

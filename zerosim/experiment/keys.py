@@ -79,7 +79,10 @@ def _live(kind: str, changes: dict[str, Any], config: Any, schema: type) -> dict
     """``changes`` less the settings the kind's result cannot depend on given the rest of ``config``
     (:attr:`StageKind.inert`: the seed of a greedy evaluation of every question), read with defaults filled
     in — so a record and today's config that differ only there get one key."""
-    inert = KINDS[kind].inert({**schema_defaults(schema), **_leaves(config)})
+    rule = KINDS[kind].inert
+    if rule is None:
+        return changes
+    inert = rule({**schema_defaults(schema), **_leaves(config)})
     return {k: v for k, v in changes.items() if k not in inert}
 
 

@@ -362,7 +362,7 @@ class StageKind:
     keyed_on: tuple[str, ...] = ()
     # the settings its result cannot depend on given the others (its config's dotted leaves, defaults filled
     # in): left out of the stage key, so a stage whose record differs only there is reused
-    inert: Callable[[dict[str, Any]], tuple[str, ...]] = lambda leaves: ()
+    inert: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
 
     def estimate(self, stage: Stage, rate: float | None = None) -> float:
         """Seconds the stage should take, at ``rate`` (default: the shipped one) per unit."""

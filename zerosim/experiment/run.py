@@ -289,7 +289,7 @@ def plan_rows(
         state, why = plan[stage.name]
         seconds = 0.0 if state == "reuse" else est[stage.name]
         note = f" ({notes[stage.name]})" if notes[stage.name] and state != "reuse" else ""
-        what = describe(stage).replace(str(root), "<root>") + (f" [{why}]" if why else "")
+        what = (describe(stage) + (f" [{why}]" if why else "")).replace(str(root), "<root>")
         rows.append((stage.name, state, f"{seconds / 60:.1f} min{note}", what))
     return rows
 
