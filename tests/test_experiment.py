@@ -282,10 +282,13 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     ]}}  # fmt: skip
     config.write_text(yaml.safe_dump(cfg))
     changed = run_experiment(load_experiment(config), echo=lambda line: None)
-    assert changed.ran == ["train-mixed-s0", "eval-mixed-s0-bm25", "report"]
     after = _stages(root)
     rerun = {name for name in after if after[name]["finished"] != stages[name]["finished"]}
-    assert rerun == {"train-mixed-s0", "eval-mixed-s0-bm25", "report"}
+    assert set(changed.ran) == rerun
+    # the tiny policy learns nothing in 2 steps: the re-trained arm wrote the very weights its evaluation read,
+    # so the evaluation (and the report from it) stands (tests: ..._re_made_with_the_weights_its_readers_read)
+    same = after["train-mixed-s0"]["model"]["sha256"] == after["eval-mixed-s0-bm25"]["reads"]["train-mixed-s0"]
+    assert rerun == ({"train-mixed-s0"} if same else {"train-mixed-s0", "eval-mixed-s0-bm25", "report"})
 
 
 def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
