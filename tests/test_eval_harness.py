@@ -120,25 +120,13 @@ def test_cli_eval_end_to_end(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
     assert Path(tmp_path / "out" / "rag-bm25" / "table.md").read_text().startswith("### rag")
 
 
-def test_a_greedy_evaluation_of_every_question_reads_no_seed(tmp_path, tiny_model_dir, mlflow_db, zerosim_cli):
+def test_a_greedy_evaluation_of_every_question_reads_no_seed(
+    tmp_path, tiny_model_dir, mlflow_db, zerosim_cli, capitals
+):
     """What lets an experiment leave the seed out of a greedy evaluation's stage key
     (zerosim/experiment/kinds.py::_eval_inert): every question, greedy, over BM25, two seeds answer alike —
     while sampling (temperature 1), they do not, so the comparison can tell."""
-    qa = tmp_path / "qa.jsonl"
-    qa.write_text(
-        "".join(
-            json.dumps({"id": f"q{i}", "question": f"What is the capital of country {i}?", "golden_answers": ["Lima"]})
-            + "\n"
-            for i in range(6)
-        )
-    )
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "contents": f"Country {i}\nThe capital of country {i} is Lima."}) + "\n"
-            for i in range(6)
-        )
-    )
+    qa, corpus = capitals(6)
 
     def transcripts(seed: int, temperature: float) -> list[str]:
         """Every question's whole trajectory (the tiny model rarely writes an answer to compare)."""

@@ -287,7 +287,9 @@ def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     assert set(changed.ran) == rerun
     # the tiny policy learns nothing in 2 steps: the re-trained arm wrote the very weights its evaluation read,
     # so the evaluation (and the report from it) stands (tests: ..._re_made_with_the_weights_its_readers_read)
-    same = after["train-mixed-s0"]["model"]["sha256"] == after["eval-mixed-s0-bm25"]["reads"]["train-mixed-s0"]
+    same = (
+        after["train-mixed-s0"]["model"]["sha256"] == after["eval-mixed-s0-bm25"]["reads"]["train-mixed-s0"]
+    )
     assert rerun == ({"train-mixed-s0"} if same else {"train-mixed-s0", "eval-mixed-s0-bm25", "report"})
 
 
@@ -579,6 +581,25 @@ def test_a_part_run_evaluates_as_the_whole_experiment_does(tmp_path):
     assert keys("eval.seed=5")["eval-real-s0-bm25"] != keys()["eval-real-s0-bm25"]  # the sample it draws
 
 
+def _older_record(stage, root: Path, *, config=None, finished="2026-01-01T00:00:00+0000", **fields) -> None:
+    """Write ``stage``'s record as an older release would have (a key of other rules), with its config (or
+    ``config``) and ``fields`` (``reads``, ``model``)."""
+    from zerosim.experiment.kinds import STAGE_FILE
+    from zerosim.experiment.run import plain
+
+    config = stage.config if config is None else config
+    written = None if config is None else json.loads(json.dumps(plain(config), default=str))
+    record = {
+        "key": "older-rules",
+        "meta": stage.meta,
+        "finished": finished,
+        "config": written,
+        "outputs": {},
+    }
+    stage.dir(root).mkdir(parents=True, exist_ok=True)
+    (stage.dir(root) / STAGE_FILE).write_text(json.dumps({**record, **fields}))
+
+
 def test_a_greedy_evaluation_of_every_question_is_keyed_without_its_seed(tmp_path):
     """An experiment's evaluations are greedy; over every question (eval.limit unset) with a real retriever
     they read their seed nowhere (tests/test_eval_harness.py shows it), so the key leaves it out — a record
@@ -587,8 +608,6 @@ def test_a_greedy_evaluation_of_every_question_is_keyed_without_its_seed(tmp_pat
 
     from zerosim.experiment import build_stages, load_experiment
     from zerosim.experiment.keys import status
-    from zerosim.experiment.kinds import STAGE_FILE
-    from zerosim.experiment.run import plain as _plain
 
     def stages(*overrides):
         cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", *overrides])
@@ -606,20 +625,10 @@ def test_a_greedy_evaluation_of_every_question_is_keyed_without_its_seed(tmp_pat
     root = tmp_path / "root"
     evaluated = now["eval-real-s0-bm25"]
     for stage in now.values():
-        config = stage.config
-        if stage.name == evaluated.name:
-            config = replace(config, seed=3)
-        stage.dir(root).mkdir(parents=True, exist_ok=True)
-        plain = json.loads(json.dumps(_plain(config), default=str)) if config is not None else None
-        record = {"key": "older-rules", "meta": stage.meta, "finished": "2026-01-01T00:00:00+0000",
-                  "config": plain, "outputs": {}}  # fmt: skip
-        (stage.dir(root) / STAGE_FILE).write_text(json.dumps(record))
+        _older_record(stage, root)
+    _older_record(evaluated, root, config=replace(evaluated.config, seed=3))
     assert status(evaluated, root, list(now.values())) == "reuse"
-    sampled = replace(evaluated.config, seed=3, limit=8)
-    (evaluated.dir(root) / STAGE_FILE).write_text(
-        json.dumps({"key": "older-rules", "meta": evaluated.meta, "finished": "2026-01-01T00:00:00+0000",
-                    "config": json.loads(json.dumps(_plain(sampled), default=str)), "outputs": {}})  # fmt: skip
-    )
+    _older_record(evaluated, root, config=replace(evaluated.config, seed=3, limit=8))
     assert status(evaluated, root, list(now.values())) == "re-run"
 
 
@@ -629,30 +638,26 @@ def test_a_model_re_made_with_the_weights_its_readers_read_keeps_them_reused(tmp
     weights, they run again."""
     from zerosim.experiment import build_stages, load_experiment
     from zerosim.experiment.keys import status
-    from zerosim.experiment.kinds import STAGE_FILE
-    from zerosim.experiment.run import plain as _plain
 
     root = tmp_path / "root"
     cfg = load_experiment(SMOKE, [f"base={ROOT / 'configs' / 'demo-learning.yaml'}"])
     stages = build_stages(cfg, root)
-    by_name = {s.name: s for s in stages}
     digest = {s.name: f"{i:064x}" for i, s in enumerate(stages)}
 
     def record(stage, *, finished="2026-01-01T00:00:00+0000", wrote=None):
-        stage.dir(root).mkdir(parents=True, exist_ok=True)
-        config = None if stage.config is None else json.loads(json.dumps(_plain(stage.config), default=str))
-        written = {"key": "older-rules", "meta": stage.meta, "finished": finished, "config": config,
-                   "outputs": {}, "reads": {d: digest[d] for d in stage.deps},
-                   "model": {"sha256": wrote or digest[stage.name]}}  # fmt: skip
-        (stage.dir(root) / STAGE_FILE).write_text(json.dumps(written))
+        reads = {d: digest[d] for d in stage.deps}
+        _older_record(
+            stage, root, finished=finished, reads=reads, model={"sha256": wrote or digest[stage.name]}
+        )
 
     for stage in stages:
         record(stage)
+    warm = next(s for s in stages if s.name == "warmstart")
     readers = [s for s in stages if "warmstart" in s.deps]
     assert readers and {status(s, root, stages) for s in readers} == {"reuse"}
-    record(by_name["warmstart"], finished="2026-06-01T00:00:00+0000")  # re-made: the same weights
+    record(warm, finished="2026-06-01T00:00:00+0000")  # re-made: the same weights
     assert {status(s, root, stages) for s in readers} == {"reuse"}
-    record(by_name["warmstart"], finished="2026-06-01T00:00:00+0000", wrote="f" * 64)  # other weights
+    record(warm, finished="2026-06-01T00:00:00+0000", wrote="f" * 64)  # other weights
     assert {status(s, root, stages) for s in readers} == {"re-run"}
 
 
@@ -1072,4 +1077,6 @@ def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli
               if line.count("│") >= 4 and line.split("│")[1].strip() not in ("", "stage")}  # fmt: skip
     assert len(status) == 47 and status.pop("report") == "re-run"
     assert set(status.values()) == {"reuse"}
-    assert "<root>/report.json" in out.replace("\n", "").replace(" ", "") and "zerosim-import-preview" not in out
+    assert (
+        "<root>/report.json" in out.replace("\n", "").replace(" ", "") and "zerosim-import-preview" not in out
+    )

@@ -75,14 +75,14 @@ def _keyed(kind: str, changes: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _live(kind: str, changes: dict[str, Any], config: Any, schema: type) -> dict[str, Any]:
-    """``changes`` less the settings the kind's result cannot depend on given the rest of ``config``
-    (:attr:`StageKind.inert`: the seed of a greedy evaluation of every question), read with defaults filled
-    in — so a record and today's config that differ only there get one key."""
+def _live(kind: str, changes: dict[str, Any], schema: type) -> dict[str, Any]:
+    """``changes`` (a kind's keyed changed settings) less those its result cannot depend on given the rest
+    (:attr:`StageKind.inert`: the seed of a greedy evaluation of every question), read over the schema's
+    defaults — so a record and today's config that differ only there get one key."""
     rule = KINDS[kind].inert
     if rule is None:
         return changes
-    inert = rule({**schema_defaults(schema), **_leaves(config)})
+    inert = rule({**schema_defaults(schema), **changes})
     return {k: v for k, v in changes.items() if k not in inert}
 
 
@@ -91,10 +91,8 @@ def fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
     kind reads and it can depend on), the version of those defaults, and the keys of the stages it reads
     (``keys``: by name)."""
     schema = KINDS[stage.kind].schema
-    config = None
-    if stage.config is not None:
-        changes = _keyed(stage.kind, changed_settings(stage.config, schema))
-        config = _live(stage.kind, changes, stage.config, schema)
+    changes = None if stage.config is None else _keyed(stage.kind, changed_settings(stage.config, schema))
+    config = None if changes is None else _live(stage.kind, changes, schema)
     return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
 
 
@@ -156,9 +154,8 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
             return None
         deps[name] = key
     schema = KINDS[stage.kind].schema
-    changes = None
-    if stage.config is not None:
-        changes = _live(stage.kind, _keyed(stage.kind, _recorded_changes(config, schema)), config, schema)
+    changes = None if stage.config is None else _keyed(stage.kind, _recorded_changes(config, schema))
+    changes = None if changes is None else _live(stage.kind, changes, schema)
     return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 
 
