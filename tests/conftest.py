@@ -11,6 +11,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _cpu_precision_kept():
+    """A command run in-process decides the process's CPU precision (runtime.bf16: bf16 on AMX/AVX512_BF16);
+    each test starts from the library's default (fp32) whatever the one before it ran."""
+    from zerosim.core import runtime
+
+    yield
+    runtime._CPU_BF16 = False
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from zerosim.core.models import build_tiny_model

@@ -205,3 +205,70 @@ def test_the_prefix_every_prompt_shares_is_encoded_once(model, tokenizer):
         torch.testing.assert_close(
             torch.tensor(g.logprobs), teacher_forced(model, prompt, g.token_ids), atol=1e-4, rtol=0
         )
+
+
+def test_a_groups_repeated_prompt_is_prefilled_once_and_its_rows_are_those_of_unshared_prefills(
+    model, tokenizer, monkeypatch
+):
+    """GRPO's G trajectories of one question share its prompt: 3 groups x 3 rows prefill 3 rows, not 9, and
+    write, greedily over two turns (the second continued from the store), what one prefill per row writes."""
+    import zerosim.core.decode as decode_module
+
+    prompts = [p for p in prompts_of(tokenizer, 3) for _ in range(3)]
+    observations = [tokenizer(f" <information>result {i}</information>")["input_ids"] for i in range(9)]
+
+    def two_turns(share: bool):
+        monkeypatch.setattr(decode_module, "SHARE_REPEATED_PROMPTS", share)
+        rows: list[int] = []
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+        )
+        try:
+            generator = HFGenerator(model, tokenizer, sampling=GREEDY)
+            first = generator.generate(prompts, 6)
+            prefill_rows = rows[0]
+            turn2 = [p + g.token_ids + o for p, g, o in zip(prompts, first, observations, strict=True)]
+            second = generator.generate(turn2, 6)
+        finally:
+            hook.remove()
+        return prefill_rows, [g.token_ids for g in first], [g.token_ids for g in second], second, turn2
+
+    shared_rows, first, second, generations, turn2 = two_turns(True)
+    unshared_rows, first_alone, second_alone, _, _ = two_turns(False)
+    assert (shared_rows, unshared_rows) == (3, 9)
+    assert first == first_alone and second == second_alone
+    for context, g in zip(turn2, generations, strict=True):  # the copied caches are the rows' own
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), teacher_forced(model, context, g.token_ids), atol=1e-4, rtol=0
+        )
+
+
+def test_bf16_generation_computes_from_a_bf16_copy_and_leaves_the_fp32_weights(model, tokenizer):
+    """bf16 on CPU: the linear layers' matmuls in bf16 from a copy cast once per change of the weights (not at
+    every forward); the model keeps its fp32 weights, and the copy follows them when they change."""
+    prompts = prompts_of(tokenizer, 4)
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    fp32 = HFGenerator(model, tokenizer, sampling=GREEDY, bf16=False).generate(prompts, 8)
+    generator = HFGenerator(model, tokenizer, sampling=GREEDY, bf16=True)
+    bf16 = generator.generate(prompts, 8)
+    copy = generator._bf16_copy.current()
+    linears = [m for m in copy.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert copy.get_input_embeddings().weight.dtype == torch.float32  # the residual stream starts in fp32
+    assert all(p.dtype == torch.float32 and torch.equal(p, weights[n]) for n, p in model.named_parameters())
+    for g, ref in zip(bf16, fp32, strict=True):  # bf16 logits, within its rounding of the fp32 ones
+        assert len(g.token_ids) == len(g.logprobs) > 0
+        n = min(len(g.logprobs), len(ref.logprobs))
+        if g.token_ids[:n] == ref.token_ids[:n]:
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs[:n]), torch.tensor(ref.logprobs[:n]), atol=0.1, rtol=0
+            )
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.mul_(0.5)  # an optimizer step: the copy is cast again at the next call
+    try:
+        generator.generate(prompts[:1], 2)
+        assert torch.equal(copy.get_output_embeddings().weight, head.detach().bfloat16())
+    finally:
+        with torch.no_grad():
+            head.mul_(2.0)

@@ -78,7 +78,8 @@ def test_a_threads_value_below_one_is_refused():
     ("flags", "kind"),
     [
         ("fpu avx2 avx512f amx_bf16 amx_tile", "AMX"),
-        ("fpu avx2 avx512f avx512_bf16", "AVX-512 (no AMX)"),
+        ("fpu avx2 avx512f avx512_bf16", "AVX-512 with bf16 (no AMX)"),
+        ("fpu avx2 avx512f", "AVX-512 (no AMX)"),
         ("fpu avx2", "AVX2 (no AMX)"),
         ("fpu sse4_2", "no AVX2"),
     ],
@@ -92,17 +93,73 @@ def test_the_cpu_kind_names_the_matrix_instructions_that_decide_its_speed(flags,
     assert cpu_kind(info) == f"Some CPU 9000, 2 cores, {kind}"
 
 
+CPUINFO = "processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: {flags}\n"
+
+
 @pytest.mark.parametrize(
-    ("amx", "overrides", "says"),
+    ("flags", "setting", "bf16", "why"),
     [
-        (True, [], "update in bf16 autocast (trainer.bf16=auto: AMX multiplies bf16 in hardware)"),
-        (False, [], "update in fp32 (trainer.bf16=auto: no AMX on this CPU)"),
-        (True, ["trainer.beta=0.001"], "update in fp32 (trainer.bf16=auto: trainer.beta != 0"),
-        (False, ["trainer.bf16=true"], "update in bf16 autocast (trainer.bf16=true: as set)"),
+        (
+            "fpu avx2 avx512f amx_bf16 amx_tile",
+            None,
+            True,
+            "runtime.bf16=auto: AMX multiplies bf16 in hardware",
+        ),
+        (
+            "fpu avx2 avx512f avx512_bf16",
+            None,
+            True,
+            "runtime.bf16=auto: AVX512_BF16 multiplies bf16 in hardware",
+        ),
+        ("fpu avx2 avx512f", None, False, "no bf16 matrix instructions"),
+        ("fpu avx2", None, False, "no bf16 matrix instructions"),
+        ("fpu avx2 avx512f avx512_bf16", False, False, "runtime.bf16=false: as set"),
+        ("fpu avx2", True, True, "runtime.bf16=true: as set"),
     ],
 )
-def test_train_says_at_start_which_cpu_it_runs_on_and_why_its_update_is_bf16_or_not(
-    amx, overrides, says, monkeypatch
+def test_bf16_compute_is_decided_by_the_cpus_bf16_matrix_instructions(flags, setting, bf16, why, monkeypatch):
+    """AMX and AVX512_BF16 multiply bf16 matrices in hardware (2-3x fp32 here); AVX2 emulates it (slower)."""
+    import torch
+
+    from zerosim.core import runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "_CPU_BF16", False)
+    decided = runtime.apply_precision(setting, CPUINFO.format(flags=flags))
+    assert (decided.bf16, runtime.cpu_bf16()) == (bf16, bf16) and why in decided.why
+
+
+@pytest.mark.parametrize(
+    ("flags", "overrides", "says"),
+    [
+        (
+            "avx512f avx512_bf16",
+            [],
+            "bf16 compute (runtime.bf16=auto: AVX512_BF16 multiplies bf16 in hardware; fp32 weights): "
+            "generation in bf16, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
+        ),
+        (
+            "amx_tile amx_bf16",
+            [],
+            "generation in bf16, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
+        ),
+        ("avx2", [], "fp32 compute (runtime.bf16=auto: no bf16 matrix instructions on this CPU (AVX2)"),
+        ("avx2", [], "generation in fp32, update in fp32 (trainer.bf16=auto: as runtime.bf16)"),
+        (
+            "avx512_bf16",
+            ["trainer.beta=0.001"],
+            "generation in bf16, update in fp32 (trainer.bf16=auto: trainer.beta != 0",
+        ),
+        ("avx512_bf16", ["runtime.bf16=false"], "fp32 compute (runtime.bf16=false: as set; fp32 weights)"),
+        (
+            "avx2",
+            ["trainer.bf16=true"],
+            "generation in fp32, update in bf16 autocast (trainer.bf16=true: as set)",
+        ),
+    ],
+)
+def test_train_says_at_start_which_cpu_it_runs_on_and_why_it_computes_in_bf16_or_not(
+    flags, overrides, says, monkeypatch
 ):
     import torch
 
@@ -110,11 +167,10 @@ def test_train_says_at_start_which_cpu_it_runs_on_and_why_its_update_is_bf16_or_
     from zerosim.training.config import TrainConfig
     from zerosim.training.recipe import machine_line
 
-    kind = "Some CPU, 2 cores, " + ("AMX" if amx else "AVX2 (no AMX)")
-    monkeypatch.setattr("zerosim.core.runtime.cpu_kind", lambda: kind)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("zerosim.core.runtime.available_cores", lambda: 2)
     from pathlib import Path
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "demo.yaml", overrides, schema=TrainConfig)
-    line = machine_line(cfg)
-    assert line.startswith(f"machine: {kind} · ") and says in line
+    line = machine_line(cfg, CPUINFO.format(flags=flags))
+    assert line.startswith("machine: Some CPU 9000, 2 cores, ") and says in line, line

@@ -277,10 +277,10 @@ def test_bf16_setting_resolves_per_machine(monkeypatch):
     assert load_train_config("configs/demo-learning.yaml", ["trainer.bf16=false"]).trainer.bf16 is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cpu_autocast_bf16(True) is True and cpu_autocast_bf16(False) is False
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    assert cpu_autocast_bf16(None) is False  # auto: off without AMX
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    assert cpu_autocast_bf16(None) is True
+    assert cpu_autocast_bf16(None, cpu=False) is False  # auto: as the process computes on CPU (runtime.bf16)
+    assert cpu_autocast_bf16(None, cpu=True) is True
+    monkeypatch.setattr("zerosim.core.runtime._CPU_BF16", True)
+    assert cpu_autocast_bf16(None) is True  # the process's decision (apply_precision)
     # auto stays fp32 where the loss compares two passes' log-probs (a KL term, a reused batch)
     assert cpu_autocast_bf16(None, compares_passes=True) is False
     assert cpu_autocast_bf16(True, compares_passes=True) is True

@@ -148,11 +148,12 @@ def _fail(message: str) -> None:
 
 def _load(config: Path | None, flags: dict, overrides: list[str] | None, schema: type):
     from zerosim.core.config import load_config
-    from zerosim.core.runtime import apply_threads
+    from zerosim.core.runtime import apply_precision, apply_threads
 
     extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
     cfg = load_config(config, [*extra, *(overrides or [])], schema=schema)  # ConfigError: one line, exit 2
     apply_threads(cfg.runtime.threads)  # before any work: this process's share of the cores
+    apply_precision(cfg.runtime.bf16)  # bf16 compute where the CPU multiplies bf16 in hardware
     return cfg
 
 
@@ -290,7 +291,7 @@ def experiment(
     """Simulator vs real search, end to end: simulator, warm start, training arms, held-out eval, report."""
     from contextlib import nullcontext
 
-    from zerosim.core.runtime import apply_threads
+    from zerosim.core.runtime import apply_precision, apply_threads
     from zerosim.experiment import build_stages, load_experiment, plan_rows, run_experiment
     from zerosim.experiment.run import folder_lock
     from zerosim.experiment.transfer import export_results, import_results, plan_import, preview
@@ -356,6 +357,7 @@ def experiment(
         console.print(f"[bold green]interim report[/] {folder}")
         return
     apply_threads(cfg.runtime.threads)
+    apply_precision(cfg.runtime.bf16)  # every stage's: the experiment's runtime is theirs
     started = time.perf_counter()
     result = run_experiment(cfg, echo=lambda line: console.print(line, markup=False, highlight=False))
     report = result.root / "report.md"

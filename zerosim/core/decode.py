@@ -51,7 +51,17 @@ def gqa_sdpa_attention(
     With ``row_starts`` (the batch-invariant decode), each row attends to its own keys from its start column
     on, alone and without a mask: the same kernel call, on the same values, as when the row is decoded by
     itself.
+
+    Under CPU bf16 autocast (bf16 generation) attention computes in fp32: CPU SDPA kernels are no faster in
+    bf16 for a prompt and ~6x slower for a decode step's single query (measured: 16 rows, 350 keys, 2.9 ms
+    against 0.47 ms), and its matmuls are a small share of a step.
     """
+    if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return gqa_sdpa_attention(
+                module, query.float(), key.float(), value.float(), attention_mask, dropout, scaling,
+                is_causal, **kwargs,
+            )  # fmt: skip
     row_starts = kwargs.get("row_starts")
     if row_starts is not None:
         rows = [
@@ -115,6 +125,8 @@ class GrowingLayer(DynamicLayer):
         return buf
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if value_states.dtype != key_states.dtype:  # bf16 autocast: keys fp32 after the rotary, values bf16
+            value_states = value_states.to(key_states.dtype)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
@@ -154,6 +166,12 @@ class GrowingLayer(DynamicLayer):
             self.length -= columns
 
 
+def weights_version(model) -> tuple:
+    """What changes whenever ``model``'s weights do: an optimizer step (or any in-place write) bumps each
+    parameter's version counter, and a reload moves its storage."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
 class PrefixStore:
     """Per-row key/value caches of the sequences the last call decoded, for the next call to continue.
 
@@ -167,14 +185,11 @@ class PrefixStore:
     def __init__(self, model):
         self.model = model
         self.rows: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
-        self._weights = self._weights_version()
-
-    def _weights_version(self) -> tuple:
-        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        self._weights = weights_version(model)
 
     def fresh(self) -> None:
         """Empty the store if the weights changed since it was filled."""
-        version = self._weights_version()
+        version = weights_version(self.model)
         if version != self._weights:
             self.rows, self._weights = [], version
 
@@ -280,15 +295,91 @@ def decode(
 
     A row's tokens end with the EOS or the token that completes a stop string, as ``generate`` leaves them
     once its padding is removed. With a ``store``, each prompt's longest prefix shared with a row of the
-    previous call is taken from its cache, and the rows of this call are stored for the next.
+    previous call is taken from its cache, and the rows of this call are stored for the next. A prompt that
+    repeats an earlier one of the call (a GRPO group's G trajectories of one question) is prefilled once: its
+    rows start from a copy of that prompt's cache and logits (:data:`SHARE_REPEATED_PROMPTS`).
     """
     temperature, top_p, stop_strings = sampling.temperature, sampling.top_p, sampling.stop_strings
     eos_token_ids = sampling.eos_ids(tokenizer)
     device = next(model.parameters()).device
     n = len(prompts)
+    first: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its place among the prefilled ones
+    for ids in prompts:
+        first.setdefault(tuple(ids), len(first))
+    repeated = SHARE_REPEATED_PROMPTS and len(first) < n
+    prefilled = [list(ids) for ids in first] if repeated else prompts
+    cache, logits, mask, next_pos = _prefill(model, prefilled, max_new_tokens, store, pad_token_id, device)
+    if repeated:  # every row from its prompt's prefill: the cache's rows, the last logits, mask, positions
+        index = torch.tensor([first[tuple(ids)] for ids in prompts], device=device)
+        cache.batch_select_indices(index)
+        logits, mask, next_pos = logits[index], mask[index], next_pos[index]
+    scale = temperature if temperature > 0 else 1.0
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    live = list(range(n))  # original row of each batch row
+    scanner = StopScanner(tokenizer, stop_strings, n)
+    saved: list = [None] * n  # (fed tokens, per-layer key/value) of each row, for the store
+
+    def save(rows: Sequence[int]) -> None:
+        if store is None:
+            return
+        starts = (mask.shape[1] - mask.sum(dim=1)).tolist()  # a row's real columns are its last ones
+        for b in rows:
+            row = live[b]
+            fed = list(prompts[row]) + tokens[row][:-1]
+            kv = [layer.row(b, int(starts[b])) for layer in cache.layers]
+            saved[row] = (torch.tensor(fed, dtype=torch.long), kv)
+
+    for step in range(max_new_tokens):
+        chosen, picked = _pick(logits, temperature, top_p, scale, logprobs)
+        keep = []
+        for b, (tok, lp) in enumerate(zip(chosen.tolist(), picked, strict=True)):
+            row = live[b]
+            tokens[row].append(tok)
+            logps[row].append(lp)
+            if tok not in eos_token_ids and not scanner.hit(b, tok):
+                keep.append(b)
+        if not keep or step == max_new_tokens - 1:
+            save(range(len(live)))
+            break
+        if len(keep) < len(live):  # finished rows leave the batch and its cache
+            kept = set(keep)
+            save([b for b in range(len(live)) if b not in kept])
+            index = torch.tensor(keep, device=device)
+            chosen, mask, next_pos = chosen[index], mask[index], next_pos[index]
+            cache.batch_select_indices(index)
+            scanner.select(keep)
+            live = [live[b] for b in keep]
+            front = int(mask.any(dim=0).int().argmax())  # left padding no live row needs
+            if front > 0:
+                mask = mask[:, front:]
+                for layer in cache.layers:
+                    layer.drop_front(front)
+        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+        out = model(
+            input_ids=chosen[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+            use_cache=True,
+        )  # fmt: skip
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    if store is not None:
+        store.rows = [r for r in saved if r is not None]
+    return list(zip(tokens, logps, strict=True))
+
+
+# A call's prompts that repeat an earlier one are prefilled once (decode). A switch for benchmarks/step.py, which
+# times a step with and without it; the rows are the same either way up to the float rounding of a batch's size.
+SHARE_REPEATED_PROMPTS = True
+
+
+def _prefill(model, prompts, max_new_tokens: int, store: PrefixStore | None, pad_token_id: int, device):
+    """Encode ``prompts`` (left-padded to one width) into a fresh cache with room for ``max_new_tokens`` more:
+    (cache, each row's last logits, attention mask, next position ids). A prefix a row shares with a row of
+    ``store`` is copied from it, and the prefix every prompt shares is encoded once; the forward covers only the
+    columns after the shortest of those."""
+    n = len(prompts)
     width = max(len(p) for p in prompts)
-    text_config = model.config.get_text_config(decoder=True)
-    layers = text_config.num_hidden_layers
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers
     cache = Cache(layers=[GrowingLayer(max_new_tokens) for _ in range(layers)])
     reused = [(-1, 0)] * n
     entries = []  # (tokens, per-layer keys/values) that rows continue from
@@ -322,63 +413,11 @@ def decode(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     if past > 0:
         _preload(cache, entries, prompts, reused, width, past)
-    scale = temperature if temperature > 0 else 1.0
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logps: list[list[float]] = [[] for _ in range(n)]
-    live = list(range(n))  # original row of each batch row
-    scanner = StopScanner(tokenizer, stop_strings, n)
-    next_pos = positions[:, -1:] + 1
-
     out = model(
         input_ids=input_ids[:, past:], attention_mask=mask, position_ids=positions[:, past:],
         past_key_values=cache, use_cache=True, logits_to_keep=1,
     )  # fmt: skip
-    saved: list = [None] * n  # (fed tokens, per-layer key/value) of each row, for the store
-
-    def save(rows: Sequence[int]) -> None:
-        if store is None:
-            return
-        starts = (mask.shape[1] - mask.sum(dim=1)).tolist()  # a row's real columns are its last ones
-        for b in rows:
-            row = live[b]
-            fed = list(prompts[row]) + tokens[row][:-1]
-            kv = [layer.row(b, int(starts[b])) for layer in cache.layers]
-            saved[row] = (torch.tensor(fed, dtype=torch.long), kv)
-
-    for step in range(max_new_tokens):
-        chosen, picked = _pick(out.logits[:, -1, :], temperature, top_p, scale, logprobs)
-        keep = []
-        for b, (tok, lp) in enumerate(zip(chosen.tolist(), picked, strict=True)):
-            row = live[b]
-            tokens[row].append(tok)
-            logps[row].append(lp)
-            if tok not in eos_token_ids and not scanner.hit(b, tok):
-                keep.append(b)
-        if not keep or step == max_new_tokens - 1:
-            save(range(len(live)))
-            break
-        if len(keep) < len(live):  # finished rows leave the batch and its cache
-            kept = set(keep)
-            save([b for b in range(len(live)) if b not in kept])
-            index = torch.tensor(keep, device=device)
-            chosen, mask, next_pos = chosen[index], mask[index], next_pos[index]
-            cache.batch_select_indices(index)
-            scanner.select(keep)
-            live = [live[b] for b in keep]
-            front = int(mask.any(dim=0).int().argmax())  # left padding no live row needs
-            if front > 0:
-                mask = mask[:, front:]
-                for layer in cache.layers:
-                    layer.drop_front(front)
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-        out = model(
-            input_ids=chosen[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
-            use_cache=True,
-        )  # fmt: skip
-        next_pos = next_pos + 1
-    if store is not None:
-        store.rows = [r for r in saved if r is not None]
-    return list(zip(tokens, logps, strict=True))
+    return cache, out.logits[:, -1, :], mask, positions[:, -1:] + 1
 
 
 MIN_SHARED_PREFIX = 8  # tokens every prompt of a call shares, below which they are encoded with each row

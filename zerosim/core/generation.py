@@ -76,6 +76,7 @@ class HFGenerator:
         decoder: str = "zerosim",
         reuse_prefix: bool = True,
         batch_invariant: bool = False,
+        bf16: bool | None = None,
     ):
         if decoder not in DECODERS:
             raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
@@ -89,6 +90,16 @@ class HFGenerator:
         reuse = reuse_prefix and self.decoder == "zerosim" and not self.batch_invariant
         self.store = PrefixStore(model) if reuse else None
         self.collective = collective  # transformers syncs decoding steps across ranks (ZeRO-3 / FSDP)
+        # bf16 matmuls on CPU from a bf16 copy of the linear layers (zerosim.core.bf16); None: the process's
+        # decision (runtime.bf16, zerosim.core.runtime.apply_precision). A model already in bf16 (or on a GPU)
+        # computes in its own dtype
+        if bf16 is None:
+            from zerosim.core.runtime import cpu_bf16
+
+            bf16 = cpu_bf16()
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        self.bf16 = bool(bf16) and on_cpu and next(model.parameters()).dtype == torch.float32
+        self._bf16_copy = None
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer
         self.sampling = sampling  # a caller may set another between calls (the simulator: per request)
@@ -115,7 +126,30 @@ class HFGenerator:
             return [Generation([], [], "length") for _ in prompts]
         if self.decoder == "zerosim":
             return self._decode(prompts, max_new_tokens)
-        device = next(self.model.parameters()).device
+        with self._precision() as model:
+            return self._generate(model, prompts, max_new_tokens)
+
+    def _precision(self):
+        """Context manager giving the model to compute with: the bf16 copy under autocast, or the model."""
+        import contextlib
+
+        if not self.bf16:
+            return contextlib.nullcontext(self.model)
+        from zerosim.core.bf16 import Bf16Copy, cpu_autocast
+
+        if self._bf16_copy is None:
+            self._bf16_copy = Bf16Copy(self.model)
+
+        @contextlib.contextmanager
+        def bf16():
+            copy = self._bf16_copy.current()
+            with cpu_autocast():
+                yield copy
+
+        return bf16()
+
+    def _generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Generation]:
+        device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -126,10 +160,10 @@ class HFGenerator:
         from transformers import StoppingCriteriaList
 
         s = self.sampling
-        was_training = self.model.training
-        self.model.eval()
+        was_training = model.training
+        model.eval()
         try:
-            out = self.model.generate(
+            out = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 max_new_tokens=max_new_tokens,
@@ -149,7 +183,7 @@ class HFGenerator:
                 use_cache=True,
             )
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         new_tokens = out.sequences[:, width:].cpu()
         if not self.logprobs:
             zeros = [0.0] * new_tokens.shape[1]
@@ -172,13 +206,12 @@ class HFGenerator:
         self.model.eval()
         try:
             options = dict(sampling=self.sampling, pad_token_id=self.pad_token_id, logprobs=self.logprobs)
-            with attention_implementation(self.model, register_attention()):
+            with self._precision() as model, attention_implementation(model, register_attention()):
                 if self.batch_invariant:
-                    rows = decode_invariant(self.model, self.tokenizer, prompts, max_new_tokens, **options)
+                    rows = decode_invariant(model, self.tokenizer, prompts, max_new_tokens, **options)
                 else:
-                    rows = decode(
-                        self.model, self.tokenizer, prompts, max_new_tokens, store=self.store, **options
-                    )
+                    # the store's caches are the copy's, valid while the model's weights are (its check)
+                    rows = decode(model, self.tokenizer, prompts, max_new_tokens, store=self.store, **options)
         finally:
             self.model.train(was_training)
         return [self._cut(ids, logps) for ids, logps in rows]

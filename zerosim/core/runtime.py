@@ -31,6 +31,8 @@ class RuntimeConfig:
     threads: int | None = ranged(
         None, ">=1", "null = the cores this process may use / processes on this host"
     )
+    # bf16 compute on CPU (weights stay fp32): the RL update under autocast (trainer.bf16=null follows it), the policy's and the in-process simulator's generation; null = where the CPU multiplies bf16 in hardware (AMX, AVX512_BF16)
+    bf16: bool | None = None
 
 
 def available_cores() -> int:
@@ -66,32 +68,96 @@ def apply_threads(threads: int | None = None) -> int:
 
 
 # -- what the machine is ---------------------------------------------------------------------------------------
-def cpu_kind(cpuinfo: str | None = None) -> str:
-    """The CPU in a few words, as times are stated beside it: model, cores this process may use, and the
-    matrix instructions that decide CPU speed here (AMX: bf16 matmuls in hardware; else AVX-512 or AVX2),
-    e.g. ``AMD EPYC, 2 cores, AVX2 (no AMX)``. ``cpuinfo``: ``/proc/cpuinfo``'s text (read when None)."""
-    import platform
-
+def _cpuinfo_fields(cpuinfo: str | None) -> dict[str, str]:
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def bf16_units(cpuinfo: str | None = None) -> str | None:
+    """The CPU's bf16 matrix instructions: ``"AMX"`` (tile units), ``"AVX512_BF16"`` (bf16 dot products in the
+    vector units), or None (bf16 is emulated: slower than fp32). ``cpuinfo``: ``/proc/cpuinfo``'s text (read
+    when None). oneDNN multiplies bf16 matrices 2-3x faster than fp32 with either (benchmarks/update.py)."""
+    flags = set(_cpuinfo_fields(cpuinfo).get("flags", "").split())
+    if "amx_bf16" in flags or "amx_tile" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512_BF16"
+    return None
+
+
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The CPU in a few words, as times are stated beside it: model, cores this process may use, and the
+    matrix instructions that decide CPU speed here (AMX: bf16 matmuls in hardware; else AVX-512 or AVX2),
+    e.g. ``AMD EPYC, 2 cores, AVX2 (no AMX)``; AVX-512 says whether it has bf16 dot products (``AVX-512 with
+    bf16 (no AMX)``). ``cpuinfo``: ``/proc/cpuinfo``'s text (read when None)."""
+    import platform
+
+    fields = _cpuinfo_fields(cpuinfo)
     model = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
     flags = set(fields.get("flags", "").split())
     if "amx_bf16" in flags or "amx_tile" in flags:
         isa = "AMX"
     elif "avx512f" in flags:
-        isa = "AVX-512 (no AMX)"
+        isa = "AVX-512 with bf16 (no AMX)" if "avx512_bf16" in flags else "AVX-512 (no AMX)"
     elif "avx2" in flags:
         isa = "AVX2 (no AMX)"
     else:
         isa = "no AVX2"
     return f"{model}, {available_cores()} cores, {isa}"
+
+
+# -- bf16 compute on CPU ------------------------------------------------------------------------------------------
+# Where the CPU multiplies bf16 in hardware, the update and both generators compute their matrix products in bf16
+# (fp32 weights kept: the optimizer's masters, and what the generators' bf16 copies are cast from). Set once per
+# process by apply_precision (beside apply_threads, from runtime.bf16); until then fp32 (a library caller's and
+# a test's default). A stage key reads the decision, not the setting (zerosim.experiment.keys).
+_CPU_BF16 = False
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The process's CPU compute precision and why, in words for the machine line."""
+
+    bf16: bool
+    why: str
+
+
+def decide_precision(setting: bool | None, units: str | None) -> Precision:
+    """bf16 on CPU for ``runtime.bf16`` (True / False / None: auto) on a CPU whose bf16 matrix instructions are
+    ``units`` (:func:`bf16_units`)."""
+    if setting is not None:
+        return Precision(bool(setting), f"runtime.bf16={str(setting).lower()}: as set")
+    if units is not None:
+        return Precision(True, f"runtime.bf16=auto: {units} multiplies bf16 in hardware")
+    return Precision(
+        False, "runtime.bf16=auto: no bf16 matrix instructions on this CPU (AVX2), fp32 is faster"
+    )
+
+
+def apply_precision(setting: bool | None = None, cpuinfo: str | None = None) -> Precision:
+    """Decide this process's CPU compute precision from ``runtime.bf16`` (:func:`decide_precision`); returns it.
+    With a GPU the CPU precision is unused (fp32), the GPU's is the recipe's."""
+    global _CPU_BF16
+    import torch
+
+    decided = decide_precision(setting, bf16_units(cpuinfo))
+    if torch.cuda.is_available():
+        decided = Precision(False, "a GPU computes: its precision is the recipe's")
+    _CPU_BF16 = decided.bf16
+    return decided
+
+
+def cpu_bf16() -> bool:
+    """Whether this process computes in bf16 on CPU (:func:`apply_precision`'s decision; False before it)."""
+    return _CPU_BF16
 
 
 # -- how quiet the machine was -------------------------------------------------------------------------------

@@ -86,13 +86,74 @@ def _live(kind: str, changes: dict[str, Any], schema: type) -> dict[str, Any]:
     return {k: v for k, v in changes.items() if k not in inert}
 
 
+# -- what a stage computes in: the CPU precision decided, not the setting --------------------------------------
+# ``runtime.bf16`` (null: bf16 where the CPU multiplies it in hardware) and ``trainer.bf16`` (null: as the runtime,
+# unless the loss compares two passes) decide per machine what a stage computes in. Its key holds the decision
+# instead: ``runtime.bf16: true`` where generation runs in bf16 and ``trainer.bf16: true`` where the update does,
+# nothing where they run fp32 (what every key held before these settings decided anything but AMX updates). A
+# record is read by the rules of its time on its machine: one without ``runtime.bf16`` generated in fp32 and
+# updated in bf16 only on AMX with trainer.bf16 auto and beta 0. So the presets that pin runtime.bf16=false keep
+# their exported records' keys, and an AVX-512 record of auto re-runs under auto on an AVX512_BF16 CPU.
+PRECISION_KINDS = frozenset(
+    {Kind.train, Kind.eval, Kind.quality}
+)  # the kinds whose generation or update it sets
+PRECISION_SETTINGS = ("runtime.bf16", "trainer.bf16")
+
+
+def _units_of(machine: str | None) -> str | None:
+    """The bf16 matrix instructions a record's ``machine`` (:func:`zerosim.core.runtime.cpu_kind`) names."""
+    machine = machine or ""
+    if "AMX" in machine.replace("no AMX", ""):
+        return "AMX"
+    return "AVX512_BF16" if "with bf16" in machine else None
+
+
+def _with_precision(
+    kind: str, changes: dict[str, Any], leaves: dict[str, Any], machine: str | None, *, recorded: bool
+) -> dict[str, Any]:
+    """``changes`` with the precision settings replaced by what they decide on ``machine`` (see above): ``leaves``
+    is the stage's whole config (defaults filled in), ``recorded`` a record's (read by the rules of its time)."""
+    from zerosim.core.runtime import decide_precision
+
+    if machine is not None and "CUDA" in machine:
+        return changes  # a GPU computes in the recipe's precision: the settings as they are
+    out = {k: v for k, v in changes.items() if k not in PRECISION_SETTINGS}
+    if kind not in PRECISION_KINDS:
+        return out
+    predates = recorded and "runtime.bf16" not in leaves
+    if machine is None and not predates:  # a record that does not say where it ran: here
+        machine = _this_machine()
+    units = _units_of(machine)
+    generation = False if predates else decide_precision(leaves.get("runtime.bf16"), units).bf16
+    update = leaves.get("trainer.bf16")
+    if kind == Kind.train and update is None:
+        compares = leaves.get("trainer.beta", 0) != 0
+        # before runtime.bf16, auto updated in bf16 on AMX only (unknown machine: as its key held, fp32)
+        update = (units == "AMX" if predates else generation) and not compares
+    if generation:
+        out["runtime.bf16"] = True
+    if kind == Kind.train and update:
+        out["trainer.bf16"] = True
+    return out
+
+
+def _this_machine() -> str:
+    from zerosim.experiment.provenance import machine_kind
+
+    return machine_kind()
+
+
 def fingerprint(stage: Stage, root: Path, keys: dict[str, str]) -> str:
     """The stage's key: what its result depends on — its settings that differ from their defaults (those its
     kind reads and it can depend on), the version of those defaults, and the keys of the stages it reads
     (``keys``: by name)."""
     schema = KINDS[stage.kind].schema
-    changes = None if stage.config is None else _keyed(stage.kind, changed_settings(stage.config, schema))
-    config = None if changes is None else _live(stage.kind, changes, schema)
+    config = None
+    if stage.config is not None:
+        changes = _keyed(stage.kind, changed_settings(stage.config, schema))
+        leaves = {**schema_defaults(schema), **_leaves(stage.config)}
+        changes = _with_precision(stage.kind, changes, leaves, _this_machine(), recorded=False)
+        config = _live(stage.kind, changes, schema)
     return _key(stage.kind, config, stage.meta, {d: keys[d] for d in stage.deps}, root)
 
 
@@ -154,8 +215,13 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
             return None
         deps[name] = key
     schema = KINDS[stage.kind].schema
-    changes = None if stage.config is None else _keyed(stage.kind, _recorded_changes(config, schema))
-    changes = None if changes is None else _live(stage.kind, changes, schema)
+    changes = None
+    if stage.config is not None:
+        changes = _keyed(stage.kind, _recorded_changes(config, schema))
+        leaves = {**schema_defaults(schema), **_leaves(config)}
+        leaves = {k: v for k, v in leaves.items() if k != "runtime.bf16" or k in _leaves(config)}
+        changes = _with_precision(stage.kind, changes, leaves, done.get("machine"), recorded=True)
+        changes = _live(stage.kind, changes, schema)
     return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 
 

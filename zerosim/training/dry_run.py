@@ -91,7 +91,7 @@ def _precision(cfg: TrainConfig) -> str:
     elif bf16:
         compute = "bf16 compute (autocast)"
     else:
-        compute = "bf16 compute on a GPU (autocast; on CPU only with AMX and beta = 0)"
+        compute = "bf16 compute on a GPU (autocast; on CPU as runtime.bf16 decides, with beta = 0)"
     return f"{weights}, {compute}"
 
 
@@ -151,6 +151,7 @@ def plan(
     default: this process's launcher, else DDP over ``processes``) against a card of ``gpu_memory`` GB."""
     t, c, r = cfg.trainer, cfg.curriculum, cfg.rollout
     from zerosim.training.memory import launch_from_config, launch_from_environment, launch_plan, plan_rows
+    from zerosim.training.speedups import machine_line
 
     requested = processes  # the launch's own count (its config's num_processes, $WORLD_SIZE) unless given
     launch = (
@@ -190,6 +191,7 @@ def plan(
         ("algorithm", f"{t.algorithm}, lr {t.learning_rate:g}, beta {t.beta:g}, clip [{t.epsilon:g}, {epsilon_high:g}]" + (", equal-reward groups dropped" if dynamic else "")),
         ("critic", (t.critic_model or "the policy's initial checkpoint") + f", lr {t.critic_learning_rate:g}" if spec.needs_critic else "none"),
         ("processes", f"{processes}, {_threads(cfg)}"),
+        ("machine", machine_line(cfg).removeprefix("machine: ")),
         ("per step", f"{trajectories} trajectories = {trajectories // t.num_generations} prompts x {t.num_generations} rollouts"),
         ("steps", f"{t.max_steps} ({t.max_steps * trajectories // t.num_generations} prompts in all)"),
         ("rollout", f"<= {r.max_turns} turns, {r.max_new_tokens} tokens/turn, {r.max_obs_tokens} tokens/observation, {r.max_completion_tokens} in all"),

@@ -382,9 +382,10 @@ def _checked_job(cfg: TrainConfig) -> _Job:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
     require_vllm(cfg)
-    from zerosim.core.runtime import apply_threads
+    from zerosim.core.runtime import apply_precision, apply_threads
 
     apply_threads(cfg.runtime.threads)  # this process's share of the cores, before any work
+    apply_precision(cfg.runtime.bf16)  # bf16 compute on CPU where it multiplies bf16 in hardware
     procs = process_state()  # under `accelerate launch`: one of several ranks
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name

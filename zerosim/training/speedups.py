@@ -2,8 +2,8 @@
 
 - micro-batches grouped by length and trimmed to their own longest row (:func:`group_by_length`);
 - on CPU, a log-prob head that projects only the positions the loss scores (:func:`compact_log_prob_head`);
-- on a CPU with AMX, the update under bf16 autocast where no loss term compares two passes
-  (:func:`cpu_autocast_bf16`).
+- on a CPU that multiplies bf16 in hardware (AMX, AVX512_BF16), the update under bf16 autocast where no loss
+  term compares two passes (:func:`cpu_autocast_bf16`).
 
 :class:`zerosim.training.trainer.SearchTrainer` applies them; ``benchmarks/update.py`` measures each.
 """
@@ -102,41 +102,45 @@ def groupable(batch: dict[str, Any]) -> bool:
     return set(batch) <= known and "prompt_mask" in batch and "completion_mask" in batch
 
 
-def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False) -> bool:
+def cpu_autocast_bf16(setting: bool | None, compares_passes: bool = False, cpu: bool | None = None) -> bool:
     """Whether the update runs under SearchTrainer's bf16 autocast, for ``trainer.bf16``: True, False, or None
-    (auto): on a CPU that multiplies bf16 matrices in hardware (AMX), unless the loss compares log-probs of
-    two passes (``compares_passes``: a KL to the reference, a reused batch's old log-probs) — bf16 rounds each
-    pass differently (0.06 nats per token on the policy's own samples), which a ratio or a KL would read as
-    a difference of policies. With a GPU: never (TRL's own bf16 applies)."""
+    (auto): as the process computes on CPU (``cpu``; None: :func:`zerosim.core.runtime.cpu_bf16`, from
+    ``runtime.bf16`` — on where the CPU multiplies bf16 in hardware, AMX or AVX512_BF16), unless the loss
+    compares log-probs of two passes (``compares_passes``: a KL to the reference, a reused batch's old log-probs)
+    — bf16 rounds each pass differently (0.06 nats per token on the policy's own samples), which a ratio or a KL
+    would read as a difference of policies. With a GPU: never (TRL's own bf16 applies)."""
     if torch.cuda.is_available() or setting is False:
         return False
     if setting is None:
-        probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-        return bool(probe is not None and probe()) and not compares_passes
+        if cpu is None:
+            from zerosim.core.runtime import cpu_bf16
+
+            cpu = cpu_bf16()
+        return bool(cpu) and not compares_passes
     return True
 
 
-def machine_line(cfg) -> str:
-    """``machine: <CPU kind or GPU> · update in bf16|fp32 (trainer.bf16=...: why)``."""
-    from zerosim.core.runtime import cpu_kind
+def machine_line(cfg, cpuinfo: str | None = None) -> str:
+    """``machine: <CPU kind or GPU> · <bf16|fp32> compute (runtime.bf16=...: why): generation ..., update ...``:
+    what this machine computes the job in, and why (at start and in the dry run). ``cpuinfo``: for tests."""
+    from zerosim.core.runtime import bf16_units, cpu_kind, decide_precision
 
     t = cfg.trainer
     setting = {None: "auto", True: "true", False: "false"}[t.bf16]
     if torch.cuda.is_available():
         return f"machine: {torch.cuda.get_device_name()} (CUDA) · trainer.bf16={setting} (the GPU recipe's precision)"
-    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0)
-    kind = cpu_kind()
+    cpu = decide_precision(cfg.runtime.bf16, bf16_units(cpuinfo))
+    bf16 = cpu_autocast_bf16(t.bf16, compares_passes=t.beta != 0, cpu=cpu.bf16)
     if setting != "auto":
         why = "as set"
-    elif bf16:
-        why = "AMX multiplies bf16 in hardware"
-    elif "AMX" not in kind.replace("no AMX", ""):
-        why = "no AMX on this CPU"
+    elif bf16 or not cpu.bf16:
+        why = "as runtime.bf16"
     else:
         why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
-    return (
-        f"machine: {kind} · update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
-    )
+    update = f"update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
+    generation = f"generation in {'bf16' if cpu.bf16 else 'fp32'}"
+    kind = cpu_kind(cpuinfo)
+    return f"machine: {kind} · {'bf16' if cpu.bf16 else 'fp32'} compute ({cpu.why}; fp32 weights): {generation}, {update}"
 
 
 # -- the log-prob head: only the positions that are scored -----------------------------------------------------
