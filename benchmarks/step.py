@@ -1,6 +1,6 @@
 """Where a training step's time goes (on demand, not CI):
 
-    python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [key=value ...]
+    python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [--compare] [key=value ...]
 
 Runs ``--steps`` real training steps of a recipe (``zerosim.training.recipe.train``: the same code as ``zerosim
 train``) ``--repeats`` times and prints, per phase, the seconds per optimizer step — the median over repeats
@@ -16,6 +16,9 @@ of each run's mean over its steps — and its share of the step:
 The figures are the run's own ``time/*`` metrics (docs/metrics.md), read back from its MLflow run, so what
 this prints is what a user sees in the MLflow UI. Checkpoints are off (``trainer.save_steps=0``,
 ``trainer.save_final=false``); a recipe's warm start is trained once into ``--out`` and reused by every repeat.
+With ``--compare``, each repeat runs the recipe twice, the CPU path before (``benchmarks/paths.py``: fp32, one
+prefill per row, transformers' sampler) and now, and the table prints both side by side with their ratio.
+
 Measure on a quiet machine only (``uptime``: load average under 0.5; nothing else running): two torch
 processes on 2 cores slow each other several-fold.
 """
@@ -33,9 +36,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PHASES = ("generate", "search", "reward", "logprob", "update", "critic")  # inside time/step_s
 
 
-def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: int) -> dict[str, float]:
-    """One training run; returns seconds per step of each phase (mean over its steps) and token counts."""
+def run_once(
+    config: str, steps: int, overrides: list[str], out: Path, repeat: int, path: str = "now"
+) -> dict[str, float]:
+    """One training run on ``path`` (benchmarks/paths.py); returns seconds per step of each phase (mean over its
+    steps) and token counts."""
     import mlflow
+    from paths import BEFORE_OVERRIDES, PATHS
+
+    if path == "before":
+        overrides = [*overrides, *BEFORE_OVERRIDES]
 
     from zerosim.training.config import load_train_config
     from zerosim.training.recipe import train
@@ -53,7 +63,8 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: i
             *overrides,
         ],
     )
-    result = train(cfg)
+    with PATHS[path]():
+        result = train(cfg)
     client = mlflow.MlflowClient()
 
     def per_step(key: str) -> dict[int, float]:
@@ -79,7 +90,7 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path, repeat: i
     num_tokens = sorted(per_step("num_tokens").items())  # TRL: cumulative prompt + completion tokens
     deltas = [b - a for (_, a), (_, b) in zip([(0, 0.0), *num_tokens[:-1]], num_tokens, strict=True)]
     figures["update_tokens"] = statistics.fmean(deltas) if deltas else 0.0
-    print(f"  repeat {repeat}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
+    print(f"  repeat {repeat} ({path}): " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
     return figures
 
 
@@ -91,29 +102,50 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="training steps per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="runs; the median of each figure is printed")
     parser.add_argument("--out", default="outputs/bench-step", help="run folder (the warm start is reused)")
+    parser.add_argument("--compare", action="store_true", help="the path before and now, side by side")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.algorithm=ppo")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"load average {load:.2f}" + ("  (not quiet: figures will be slow)" if load >= 0.5 else ""))
-    runs = [
-        run_once(args.config, args.steps, args.overrides, Path(args.out), i + 1) for i in range(args.repeats)
-    ]
-    med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-    step = med["step"]
-    other = max(0.0, step - sum(med[p] for p in PHASES))
+    from zerosim.core.runtime import cpu_kind
+
+    print(f"machine: {cpu_kind()}")
+    paths = ("before", "now") if args.compare else ("now",)
+    runs: dict[str, list[dict[str, float]]] = {path: [] for path in paths}
+    for i in range(args.repeats):  # the paths alternate, so a slow spell of the machine slows both
+        for path in paths:
+            runs[path].append(run_once(args.config, args.steps, args.overrides, Path(args.out), i + 1, path))
+    med = {
+        path: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for path, rs in runs.items()
+    }
     print(f"\n{args.config} {' '.join(args.overrides)}: {args.steps} steps x {args.repeats} repeats (median)")
-    print(f"  {'phase':<12}{'s/step':>10}{'share':>9}")
-    for phase in (*PHASES, "other"):
-        seconds = other if phase == "other" else med[phase]
-        print(f"  {phase:<12}{seconds:>10.2f}{seconds / step:>9.0%}")
-    print(f"  {'step':<12}{step:>10.2f}{1:>9.0%}")
     print(
-        f"  {'+ validation':<12}{med['validation']:>10.2f}{med['validation'] / step:>9.0%}  (its passes spread over the steps)"
+        f"  {'phase':<12}"
+        + "".join(f"{path + ' s/step':>16}{'share':>7}" for path in paths)
+        + (f"{'speed-up':>10}" if args.compare else "")
     )
-    if med["generate"] > 0:
-        print(f"  generation: {med['generated_tokens'] / med['generate']:.1f} policy tokens/s")
-    if med["update"] > 0:
-        print(f"  update: {med['update_tokens'] / med['update']:.1f} tokens/s (prompt + completion)")
+    for phase in (*PHASES, "other", "step"):
+        cells = ""
+        seconds = {}
+        for path in paths:
+            m = med[path]
+            other = max(0.0, m["step"] - sum(m[p] for p in PHASES))
+            seconds[path] = other if phase == "other" else m[phase]
+            cells += f"{seconds[path]:>16.2f}{seconds[path] / m['step']:>7.0%}"
+        if args.compare:
+            cells += f"{seconds['before'] / seconds['now']:>9.2f}x" if seconds["now"] > 0 else f"{'-':>10}"
+        print(f"  {phase:<12}{cells}")
+    for path in paths:
+        m = med[path]
+        print(
+            f"  {path}: + validation {m['validation']:.2f} s/step ({m['validation'] / m['step']:.0%}, its passes spread over the steps)",
+            end="",
+        )
+        if m["generate"] > 0:
+            print(f"; generation {m['generated_tokens'] / m['generate']:.1f} policy tokens/s", end="")
+        if m["update"] > 0:
+            print(f"; update {m['update_tokens'] / m['update']:.1f} tokens/s (prompt + completion)", end="")
+        print()
 
 
 if __name__ == "__main__":

@@ -147,8 +147,8 @@ def zerosim_cli():
     command tree as the console script, without a new interpreter importing torch, transformers, TRL and
     MLflow for every command — and returns the result (``stdout``, ``stderr``, ``exit_code``), asserting
     exit code 0 unless ``code=`` says otherwise. What a command changes for the whole process is put back
-    after each call: the environment (thread counts, ``MLFLOW_TRACKING_URI``), torch's thread count, an
-    MLflow run left active. Tests that kill a run or need a process of their own start ``python -m
+    after each call: the environment (thread counts, ``MLFLOW_TRACKING_URI``), torch's thread count, the CPU
+    precision, an MLflow run left active. Tests that kill a run or need a process of their own start ``python -m
     zerosim.cli``."""
     import traceback
 
@@ -158,8 +158,10 @@ def zerosim_cli():
 
     from zerosim.cli import app
 
+    from zerosim.core import runtime
+
     def run(*args, code: int | None = 0, env=None):
-        environ, threads = dict(os.environ), torch.get_num_threads()
+        environ, threads, bf16 = dict(os.environ), torch.get_num_threads(), runtime._CPU_BF16
         try:
             result = CliRunner().invoke(
                 app, [str(a) for a in args], env={"ZEROSIM_DEBUG": None, **(env or {})}
@@ -170,6 +172,7 @@ def zerosim_cli():
             os.environ.clear()
             os.environ.update(environ)
             torch.set_num_threads(threads)
+            runtime._CPU_BF16 = bf16  # the CPU precision the command decided (runtime.bf16)
         if code is not None and result.exit_code != code:
             trace = "".join(traceback.format_exception(result.exception)) if result.exception else ""
             raise AssertionError(

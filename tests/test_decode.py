@@ -1,6 +1,6 @@
 """zerosim's decoding loop (zerosim.core.decode) against transformers ``generate`` (HFGenerator decoder="transformers").
 
-Same tokens for the same prompts and seed, log-probs within float tolerance of a teacher-forced forward,
+Same tokens greedily (sampled: the same distribution), log-probs within float tolerance of a teacher-forced forward,
 stops on the same token, and a multi-turn context continued from the stored prefix instead of encoded again.
 """
 
@@ -65,18 +65,58 @@ def test_greedy_batch_gives_the_tokens_of_generate_and_teacher_forced_logprobs(m
     assert model.config._attn_implementation != ATTENTION  # restored after decoding
 
 
-@pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_sampling_one_prompt_gives_the_tokens_of_generate_for_the_same_seed(model, tokenizer, top_p):
-    prompt = prompts_of(tokenizer, 1)
-    out = {}
-    for decoder in ("zerosim", "transformers"):
-        torch.manual_seed(7)
-        gen = HFGenerator(model, tokenizer, sampling=Sampling(temperature=0.9, top_p=top_p), decoder=decoder)
-        out[decoder] = gen.generate(prompt, 16)[0]
-    assert out["zerosim"].token_ids == out["transformers"].token_ids
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_the_nucleus_is_the_one_transformers_top_p_keeps(top_p):
+    """Found in a top-k, and for a row whose nucleus reaches past it (a flat one) in a whole sort."""
+    from transformers import TopPLogitsWarper
+
+    from zerosim.core.decode import NUCLEUS_CANDIDATES, nucleus
+
+    torch.manual_seed(0)
+    scores = torch.randn(6, 3 * NUCLEUS_CANDIDATES) * 3
+    scores[2] = torch.randn(3 * NUCLEUS_CANDIDATES) * 0.05  # its nucleus holds more than the candidates
+    expected = TopPLogitsWarper(top_p)(None, scores.clone()) > -float("inf")
+    ids, probs, kept = nucleus(scores, top_p)
+    found = torch.zeros_like(expected)
+    for row in range(scores.shape[0]):
+        found[row, ids[row][kept[row]]] = True
+    assert torch.equal(found, expected)
+    assert int(kept[2].sum()) > NUCLEUS_CANDIDATES
     torch.testing.assert_close(
-        torch.tensor(out["zerosim"].logprobs), torch.tensor(out["transformers"].logprobs), atol=1e-4, rtol=0
+        probs.gather(1, ids.new_zeros(6, 1)), scores.softmax(-1).max(-1, keepdim=True).values
     )
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_sampling_draws_from_the_tempered_softmax_of_the_nucleus(top_p):
+    from zerosim.core.decode import sample
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40_000, 1)
+    torch.manual_seed(0)
+    drawn = sample(logits, 0.8, top_p)
+    probs = (logits[0] / 0.8).softmax(-1)
+    if top_p < 1.0:  # transformers' nucleus: the tokens whose more likely ones hold less than top_p
+        probs = probs * ((probs.cumsum(-1) - probs) < top_p)
+        probs = probs / probs.sum()
+    freq = torch.bincount(drawn, minlength=6).float() / len(drawn)
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
+    torch.manual_seed(0)
+    assert torch.equal(sample(logits, 0.8, top_p), drawn)  # a seed gives the same draws
+
+
+def test_sampling_one_prompt_is_reproducible_for_a_seed_and_scores_its_tokens(model, tokenizer):
+    prompt = prompts_of(tokenizer, 1)
+    out = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        gen = HFGenerator(model, tokenizer, sampling=Sampling(temperature=0.9, top_p=0.8))
+        out.append(gen.generate(prompt, 16)[0])
+    assert out[0].token_ids == out[1].token_ids and len(out[0].token_ids) == 16
+    # log-probs are the tempered full softmax's (what TRL's importance ratio reads), not the nucleus's
+    with torch.inference_mode():
+        raw = model(torch.tensor([prompt[0] + out[0].token_ids])).logits[0, len(prompt[0]) - 1 : -1].float()
+    tempered = torch.log_softmax(raw / 0.9, -1).gather(1, torch.tensor(out[0].token_ids)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(out[0].logprobs), tempered, atol=1e-4, rtol=0)
 
 
 def test_rows_stop_on_the_token_that_completes_a_stop_string_and_leave_the_batch(model, tokenizer):

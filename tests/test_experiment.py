@@ -1067,8 +1067,12 @@ def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli
     """The exported v2 ablation (results/curriculum-ablation-v2-cpu, four sittings on one CPU kind) plans as
     finished in a folder that has none of it: every stage reused but the report (its files stayed in the
     folder it was written to), whose reason — a path in brackets — prints as text, under <root>, instead of
-    being read as rich markup and failing the dry run."""
+    being read as rich markup and failing the dry run. Planned on a CPU that computes in bf16 by default
+    (AVX512_BF16): the preset pins the fp32 its records ran in (runtime.bf16=false)."""
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(
+        "zerosim.experiment.keys._this_machine", lambda: "AMD EPYC, 2 cores, AVX-512 with bf16 (no AMX)"
+    )
     out = zerosim_cli(
         "experiment", "--config", "configs/experiments/curriculum-ablation-v2-cpu.yaml",
         "--import", "results/curriculum-ablation-v2-cpu", "--dry-run", f"output_dir={tmp_path}",
@@ -1080,3 +1084,41 @@ def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli
     assert (
         "<root>/report.json" in out.replace("\n", "").replace(" ", "") and "zerosim-import-preview" not in out
     )
+
+
+def test_a_stage_key_holds_the_precision_decided_and_a_record_is_read_by_the_rules_of_its_time():
+    """runtime.bf16 / trainer.bf16 (null: as the machine decides) enter a key as what they decide: bf16 markers
+    where generation or the update run in bf16, nothing in fp32 (what keys held before). A record without
+    runtime.bf16 generated in fp32 and updated in bf16 only on AMX with trainer.bf16 auto and beta 0."""
+    from zerosim.experiment.keys import _with_precision
+
+    bf16_cpu, avx512, amx = (
+        "AMD EPYC, 2 cores, AVX-512 with bf16 (no AMX)", "AMD EPYC, 2 cores, AVX-512 (no AMX)", "Xeon, 2 cores, AMX",
+    )  # fmt: skip
+    auto = {"runtime.bf16": None, "trainer.bf16": None, "trainer.beta": 0.0}
+    pinned = {**auto, "runtime.bf16": False}
+    both = {"runtime.bf16": True, "trainer.bf16": True}
+    assert _with_precision("train", {}, auto, bf16_cpu, recorded=False) == both
+    assert _with_precision("train", {}, auto, avx512, recorded=False) == {}
+    assert _with_precision("train", {"runtime.bf16": False}, pinned, bf16_cpu, recorded=False) == {}
+    assert _with_precision("train", {}, {**auto, "trainer.beta": 0.01}, amx, recorded=False) == {
+        "runtime.bf16": True
+    }
+    assert _with_precision("train", {"trainer.bf16": True}, {**pinned, "trainer.bf16": True}, avx512, recorded=False) == {"trainer.bf16": True}  # fmt: skip
+    # records from before runtime.bf16: fp32 generation; the update as auto decided then (AMX, beta 0)
+    before = {"trainer.bf16": None, "trainer.beta": 0.0}
+    assert _with_precision("train", {}, before, avx512, recorded=True) == {}  # = the pinned preset's key
+    assert _with_precision("train", {}, before, amx, recorded=True) == {"trainer.bf16": True}
+    assert (
+        _with_precision("train", {}, before, None, recorded=True) == {}
+    )  # no machine recorded: as keyed then
+    # a record with the setting is read on its machine
+    assert _with_precision("train", {}, auto, bf16_cpu, recorded=True) == both
+    assert _with_precision("eval", {}, {"runtime.bf16": None}, bf16_cpu, recorded=False) == {
+        "runtime.bf16": True
+    }
+    assert _with_precision("eval", {}, {}, bf16_cpu, recorded=True) == {}
+    # what does not generate or update ignores it; a GPU computes in the recipe's precision
+    assert _with_precision("sft", {"runtime.bf16": True, "max_steps": 9}, {"runtime.bf16": True}, bf16_cpu, recorded=False) == {"max_steps": 9}  # fmt: skip
+    gpu = "NVIDIA H100 80GB HBM3 (CUDA 12.8)"
+    assert _with_precision("train", {"trainer.bf16": False}, {**auto, "trainer.bf16": False}, gpu, recorded=False) == {"trainer.bf16": False}  # fmt: skip

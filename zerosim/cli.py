@@ -504,6 +504,12 @@ def simulator_serve(
         help="vLLM only: longest prompt + completion (less context, more KV cache).",
     ),
     threads: int = _threads_option(),
+    bf16: bool = typer.Option(
+        None,
+        "--bf16/--no-bf16",
+        help="In-process on CPU: generate in bf16 from fp32 weights (default: where the CPU multiplies bf16 in "
+        "hardware, AMX or AVX512_BF16; runtime.bf16).",
+    ),
     max_waiting: int = typer.Option(
         64,
         "--max-waiting",
@@ -525,9 +531,10 @@ def simulator_serve(
     # loads (next line), so it is set here; a user's own value is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from simulators.openai_server import VLLMEngineArgs, start_simulator_server
-    from zerosim.core.runtime import apply_threads
+    from zerosim.core.runtime import apply_precision, apply_threads
 
     apply_threads(threads)
+    apply_precision(bf16)
 
     code = start_simulator_server(
         model,
