@@ -97,8 +97,10 @@ class HFGenerator:
             from zerosim.core.runtime import cpu_bf16
 
             bf16 = cpu_bf16()
+        # not where ranks sync decoding steps: a ZeRO-3/FSDP model's weights are shards, gathered per forward
         on_cpu = next(model.parameters()).device.type == "cpu"
-        self.bf16 = bool(bf16) and on_cpu and next(model.parameters()).dtype == torch.float32
+        fp32 = next(model.parameters()).dtype == torch.float32
+        self.bf16 = bool(bf16) and on_cpu and fp32 and not collective
         self._bf16_copy = None
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer

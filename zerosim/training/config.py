@@ -128,7 +128,7 @@ class TrainerConfig:
     dynamic_sampling: bool | None = None
     # gradient clipping
     max_grad_norm: float = ranged(1.0, ">0")
-    # bf16 autocast of the update (fp32 weights); None = on with a GPU, or a CPU with AMX when beta = 0
+    # bf16 autocast of the update (fp32 weights); None = on with a GPU, or on CPU as runtime.bf16 decides (AMX, AVX512_BF16) when beta = 0
     bf16: bool | None = None
     # log every N steps
     logging_steps: int = ranged(1, ">=1")
