@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from eval.config import Generation, HarnessConfig
 from zerosim.agent.protocol import extract_answer
-from zerosim.agent.rollout import STOP_STRINGS, SearchRollout, build_prompt
+from zerosim.agent.rollout import SearchRollout, build_prompt, stop_strings
 from zerosim.core.config import ConfigError
 from zerosim.core.data.qa import QAExample
 from zerosim.core.generation import HFGenerator
@@ -286,7 +286,7 @@ class Evaluator:
         # (step, trajectory, search) as in training
         self.source = getattr(engine, "draw_source", None)
         self.answer_generator = policy_generator(cfg, model, tokenizer, ("</answer>",))
-        self.agent_generator = policy_generator(cfg, model, tokenizer, STOP_STRINGS)
+        self.agent_generator = policy_generator(cfg, model, tokenizer, stop_strings(cfg.rollout))
         # released by close(), once; else when the evaluator is collected
         self._release = weakref.finalize(self, release_policy, model, generation_backend(cfg))
 

@@ -161,7 +161,8 @@ def zerosim_cli():
     from zerosim.core import runtime
 
     def run(*args, code: int | None = 0, env=None):
-        environ, threads, bf16 = dict(os.environ), torch.get_num_threads(), runtime._CPU_BF16
+        environ, threads = dict(os.environ), torch.get_num_threads()
+        bf16 = runtime._CPU_BF16, runtime._CPU_BF16_GENERATION
         try:
             result = CliRunner().invoke(
                 app, [str(a) for a in args], env={"ZEROSIM_DEBUG": None, **(env or {})}
@@ -172,7 +173,7 @@ def zerosim_cli():
             os.environ.clear()
             os.environ.update(environ)
             torch.set_num_threads(threads)
-            runtime._CPU_BF16 = bf16  # the CPU precision the command decided (runtime.bf16)
+            runtime._CPU_BF16, runtime._CPU_BF16_GENERATION = bf16  # what the command decided (runtime.bf16)
         if code is not None and result.exit_code != code:
             trace = "".join(traceback.format_exception(result.exception)) if result.exception else ""
             raise AssertionError(

@@ -1088,7 +1088,8 @@ def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli
 
 def test_a_stage_key_holds_the_precision_decided_and_a_record_is_read_by_the_rules_of_its_time():
     """runtime.bf16 / trainer.bf16 (null: as the machine decides) enter a key as what they decide: bf16 markers
-    where generation or the update run in bf16, nothing in fp32 (what keys held before). A record without
+    where generation or the update run in bf16, nothing in fp32 (what keys held before); bf16 generation as it
+    computes today (hi + lo weights), so a record of the one-weight copy before it is not reused. A record without
     runtime.bf16 generated in fp32 and updated in bf16 only on AMX with trainer.bf16 auto and beta 0."""
     from zerosim.experiment.keys import _with_precision
 
@@ -1097,13 +1098,14 @@ def test_a_stage_key_holds_the_precision_decided_and_a_record_is_read_by_the_rul
     )  # fmt: skip
     auto = {"runtime.bf16": None, "trainer.bf16": None, "trainer.beta": 0.0}
     pinned = {**auto, "runtime.bf16": False}
-    both = {"runtime.bf16": True, "trainer.bf16": True}
-    assert _with_precision("train", {}, auto, bf16_cpu, recorded=False) == both
+    both = {"runtime.bf16": "hi+lo", "trainer.bf16": True}
+    update = {"trainer.bf16": True}  # auto: the update in bf16, generation in fp32
+    assert _with_precision("train", {}, auto, bf16_cpu, recorded=False) == update
+    assert _with_precision("train", {}, {**auto, "runtime.bf16": True}, bf16_cpu, recorded=False) == both
     assert _with_precision("train", {}, auto, avx512, recorded=False) == {}
     assert _with_precision("train", {"runtime.bf16": False}, pinned, bf16_cpu, recorded=False) == {}
-    assert _with_precision("train", {}, {**auto, "trainer.beta": 0.01}, amx, recorded=False) == {
-        "runtime.bf16": True
-    }
+    assert _with_precision("train", {}, {**auto, "trainer.beta": 0.01}, amx, recorded=False) == {}
+    assert _with_precision("train", {}, {**auto, "runtime.bf16": True, "trainer.beta": 0.01}, amx, recorded=False) == {"runtime.bf16": "hi+lo"}  # fmt: skip
     assert _with_precision("train", {"trainer.bf16": True}, {**pinned, "trainer.bf16": True}, avx512, recorded=False) == {"trainer.bf16": True}  # fmt: skip
     # records from before runtime.bf16: fp32 generation; the update as auto decided then (AMX, beta 0)
     before = {"trainer.bf16": None, "trainer.beta": 0.0}
@@ -1113,9 +1115,15 @@ def test_a_stage_key_holds_the_precision_decided_and_a_record_is_read_by_the_rul
         _with_precision("train", {}, before, None, recorded=True) == {}
     )  # no machine recorded: as keyed then
     # a record with the setting is read on its machine
-    assert _with_precision("train", {}, auto, bf16_cpu, recorded=True) == both
-    assert _with_precision("eval", {}, {"runtime.bf16": None}, bf16_cpu, recorded=False) == {
-        "runtime.bf16": True
+    assert _with_precision("train", {}, auto, bf16_cpu, recorded=True, commit="f" * 40) == update
+    # ... and one the code of one bf16 weight per layer ran keeps that key: not today's work, re-run
+    old = _with_precision(
+        "train", {}, auto, bf16_cpu, recorded=True, commit="a0f201358638652b9a0000c0e63beb1c0a917799"
+    )
+    assert old == {"runtime.bf16": True, "trainer.bf16": True} != both
+    assert _with_precision("eval", {}, {"runtime.bf16": None}, bf16_cpu, recorded=False) == {}
+    assert _with_precision("eval", {}, {"runtime.bf16": True}, bf16_cpu, recorded=False) == {
+        "runtime.bf16": "hi+lo"
     }
     assert _with_precision("eval", {}, {}, bf16_cpu, recorded=True) == {}
     # what does not generate or update ignores it; a GPU computes in the recipe's precision

@@ -125,8 +125,11 @@ def test_bf16_compute_is_decided_by_the_cpus_bf16_matrix_instructions(flags, set
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime, "_CPU_BF16", False)
+    monkeypatch.setattr(runtime, "_CPU_BF16_GENERATION", False)
     decided = runtime.apply_precision(setting, CPUINFO.format(flags=flags))
     assert (decided.bf16, runtime.cpu_bf16()) == (bf16, bf16) and why in decided.why
+    # generation in bf16 only where set: under auto a fine-tuned policy's greedy rows drift (docs/training.md)
+    assert decided.generation == runtime.cpu_bf16_generation() == (bf16 and setting is True)
 
 
 @pytest.mark.parametrize(
@@ -135,20 +138,25 @@ def test_bf16_compute_is_decided_by_the_cpus_bf16_matrix_instructions(flags, set
         (
             "avx512f avx512_bf16",
             [],
-            "bf16 compute (runtime.bf16=auto: AVX512_BF16 multiplies bf16 in hardware; fp32 weights): "
-            "generation in bf16, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
+            "bf16 compute (runtime.bf16=auto: AVX512_BF16 multiplies bf16 in hardware (the update; generation "
+            "fp32); fp32 weights): generation in fp32, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
         ),
         (
             "amx_tile amx_bf16",
             [],
-            "generation in bf16, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
+            "generation in fp32, update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
+        ),
+        (
+            "avx512_bf16",
+            ["runtime.bf16=true"],
+            "generation in bf16 (hi+lo weights), update in bf16 autocast (trainer.bf16=auto: as runtime.bf16)",
         ),
         ("avx2", [], "fp32 compute (runtime.bf16=auto: no bf16 matrix instructions on this CPU (AVX2)"),
         ("avx2", [], "generation in fp32, update in fp32 (trainer.bf16=auto: as runtime.bf16)"),
         (
             "avx512_bf16",
             ["trainer.beta=0.001"],
-            "generation in bf16, update in fp32 (trainer.bf16=auto: trainer.beta != 0",
+            "generation in fp32, update in fp32 (trainer.bf16=auto: trainer.beta != 0",
         ),
         ("avx512_bf16", ["runtime.bf16=false"], "fp32 compute (runtime.bf16=false: as set; fp32 weights)"),
         (

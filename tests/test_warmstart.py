@@ -145,3 +145,39 @@ def test_the_warm_start_logs_its_policy_when_asked(tmp_path, tiny_model_dir, mlf
     mlflow.set_tracking_uri(mlflow_db)
     (run,) = mlflow.search_runs(experiment_names=["zerosim"], output_format="list")
     assert run.data.tags["zerosim.job"] == "warmstart" and run.data.tags.get("zerosim.model_uri")
+
+
+def test_tools_demonstrations_are_the_tokens_the_tools_rollout_writes_for_the_same_actions(tokenizer):
+    """rollout.protocol=tools: a demonstration replayed through the rollout — its trained segments as the policy's
+    turns, the same engine — gives the same tokens, trained exactly where the rollout's mask is 1."""
+    from zerosim.agent.rollout import Protocol, RolloutConfig, SearchRollout
+    from zerosim.core.generation import Generation
+
+    config = RolloutConfig(
+        protocol=Protocol.tools, max_turns=3, max_new_tokens=200, max_completion_tokens=900
+    )
+    question = QAExample("q0", "What is the capital of Peru?", ("Lima",), {})
+    [row] = build_examples([question], Engine(), tokenizer, k=2, max_obs_tokens=64, rollout=config)
+    ids, labels = row["input_ids"], row["labels"]
+    turns, current = [], []
+    for t, lab in zip(ids, labels, strict=True):
+        if lab != IGNORE_INDEX:
+            current.append(t)
+        elif current:
+            turns, current = [*turns, current], []
+    turns += [current] if current else []
+    assert len(turns) == 2  # the call, then the answer
+
+    class Replay:
+        def generate(self, prompts, max_new_tokens):
+            turn = turns.pop(0)
+            return [Generation(turn, [0.0] * len(turn), "eos")]
+
+    loop = SearchRollout(
+        tokenizer, Engine(), config=config, k=2,
+        examples={build_prompt(question.question): (question.question, question.golden_answers)},
+    )  # fmt: skip
+    [traj], _ = loop.run(Replay(), [build_prompt(question.question)], step=0)
+    assert traj.prompt_ids + traj.completion_ids == ids
+    assert [lab != IGNORE_INDEX for lab in labels[len(traj.prompt_ids) :]] == [m == 1 for m in traj.env_mask]
+    assert traj.searches == 1 and traj.answer == "Lima" and traj.valid_format

@@ -381,14 +381,15 @@ def policy_warmstart(
     from zerosim.training.config import TrainConfig
 
     cfg = _load(config, {}, overrides, TrainConfig)
-    from zerosim.training.warmstart import run_warmstart
+    from zerosim.training.warmstart import run_warmstart, warmstart_folder
 
     path = run_warmstart(
         cfg.warmstart,
         policy=cfg.policy.model,
         seed=cfg.run.seed,
         tracking=cfg.tracking,
-        output_dir=Path(cfg.run.output_dir) / cfg.run.name / "warmstart",
+        output_dir=Path(cfg.run.output_dir) / cfg.run.name / warmstart_folder(cfg),
+        rollout=cfg.rollout,
     )
     typer.echo(str(path))
 

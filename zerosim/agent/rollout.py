@@ -26,11 +26,13 @@ batch would have drawn, and the loop knows no schedule. ``mixed/*`` metrics spli
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from zerosim.agent.protocol import parse_action
+from zerosim.agent.protocol import extract_answer, parse_action
 from zerosim.agent.step_rewards import search_step_rewards
 from zerosim.core.config import ranged
 from zerosim.core.distributed import SingleProcess
@@ -41,8 +43,21 @@ from zerosim.core.sampling import Sampling
 from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
 
 
+class Protocol(StrEnum):
+    """How the policy acts: Search-R1's tags, or tool calls in its chat template's format (docs/agents.md)."""
+
+    tags = "tags"
+    tools = "tools"
+
+
 @dataclass
 class RolloutConfig:
+    # how the policy acts: tags (<search>/<answer>, Search-R1) | tools (calls in its chat template's format; answer in <answer>)
+    protocol: Protocol = Protocol.tags
+    # protocol=tools: the tools offered, from the table in zerosim/agent/tools.py
+    tools: list[str] = field(default_factory=lambda: ["search"])
+    # protocol=tools: tool calls one trajectory may make (past it a call is invalid: tools/invalid/over_budget)
+    max_tool_calls: int = ranged(4, ">=1")
     # generation turns per trajectory (searches happen in all but the last)
     max_turns: int = ranged(3, ">=1")
     # tokens the policy may write per turn
@@ -58,11 +73,24 @@ class RolloutConfig:
 
 
 STOP_STRINGS = ("</search>", "</answer>")
+
+
+def stop_strings(config: RolloutConfig) -> tuple[str, ...]:
+    """Where a turn's generation stops besides EOS: a closing tag under tags; nothing under tools (a turn may
+    hold several calls, and ends at the template's end-of-turn token)."""
+    return STOP_STRINGS if config.protocol == Protocol.tags else ()
+
+
 INFO_OPEN = "\n\n<information>"
 INFO_CLOSE = "</information>\n\n"
 INVALID_ACTION = (
     "\nMy previous action is invalid. To search, I put the query between <search> and </search>. "
     "To give the final answer, I put it between <answer> and </answer>. Let me try again.\n"
+)
+
+NO_ACTION = (
+    "Your message called no tool and gave no answer. To look something up, call a tool. To give the final answer, "
+    "write it between <answer> and </answer>."
 )
 
 INSTRUCTION = (
@@ -114,6 +142,8 @@ class Trajectory:
     search_close: list[int] = field(default_factory=list)  # per search, index of its closing policy token
     step_rewards: list[float] = field(default_factory=list)  # per search (StepSearch-style), when enabled
     sources: list[str] = field(default_factory=list)  # search.engine=mixed: per search, "real" or "sim"
+    tool_calls: int = 0  # protocol=tools: calls made (valid or not)
+    invalid_calls: Counter = field(default_factory=Counter)  # protocol=tools: per kind (tools.INVALID_KINDS)
 
     @property
     def done(self) -> bool:
@@ -210,15 +240,32 @@ class SearchRollout:
         self.step_rewards = step_rewards  # (gain weight, redundancy weight) or None
         self.tokens = ProtocolTokens(tokenizer, config.max_obs_tokens)
         self.eos_ids = [tokenizer.eos_token_id]
+        self.tool_tokens = None
+        if config.protocol == Protocol.tools:
+            from zerosim.agent.tool_format import ToolTokens
+            from zerosim.agent.tools import tools_named
+
+            self.offered = {t.name: t for t in tools_named(config.tools)}
+            missing = [n for n in self.offered if not callable(getattr(self, f"execute_{n}", None))]
+            if missing:
+                raise TypeError(
+                    f"tools {missing} have no executor: SearchRollout.execute_<name> (zerosim/agent/tools.py)"
+                )
+            self.tool_tokens = ToolTokens(tokenizer, list(self.offered.values()), config.max_obs_tokens)
+            self.eos_ids = [self.tool_tokens.eos_id]
 
     def encode_prompt(self, prompt: str) -> list[int]:
+        if self.tool_tokens is not None:  # the question with the tools' schemas, in the chat template
+            return self.tool_tokens.prompt(self.examples[prompt][0])
         return self.tokens.prompt(prompt)
 
     def generator_for(self, model, collective: bool = False) -> HFGenerator:
         return HFGenerator(
             model,
             self.tokenizer,
-            sampling=Sampling.of(self.config, stop_strings=STOP_STRINGS, eos_token_ids=self.eos_ids),
+            sampling=Sampling.of(
+                self.config, stop_strings=stop_strings(self.config), eos_token_ids=self.eos_ids
+            ),
             collective=collective,
         )
 
@@ -265,11 +312,19 @@ class SearchRollout:
             timing["generate"] += time.perf_counter() - started
 
             searching: list[tuple[Trajectory, str]] = []
+            calling: list[
+                tuple[Trajectory, list, bool]
+            ] = []  # protocol=tools: (trajectory, its calls, closed)
             for traj, gen, room in zip(active, outputs, budget, strict=True):
                 if len(gen.token_ids) > room:  # the batch shared the largest budget; clip to this row's
                     gen = Generation(gen.token_ids[:room], gen.logprobs[:room], "length")
                 traj.add_policy(gen)
                 traj.turns += 1
+                if self.tool_tokens is not None:
+                    calls = self._tools_turn(traj, gen, last_turn)
+                    if calls:
+                        calling.append((traj, calls, gen.finish == "eos"))
+                    continue
                 kind, content = parse_action(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
                 if kind == "answer":
                     traj.answer, traj.finish = content, "answer"
@@ -286,7 +341,12 @@ class SearchRollout:
                 if not traj.done and len(traj.completion_ids) >= cfg.max_completion_tokens:
                     traj.finish = "max_tokens"
             searching = [(t, q) for t, q in searching if not t.done]
-            if searching or lockstep:  # every rank calls the engine each turn, possibly with nothing
+            calling = [c for c in calling if not c[0].done]
+            if self.tool_tokens is not None and (calling or lockstep):
+                started = time.perf_counter()
+                self._call_tools(calling, step)
+                timing["search"] += time.perf_counter() - started
+            elif searching or lockstep:  # every rank calls the engine each turn, possibly with nothing
                 started = time.perf_counter()
                 self._search(searching, step)
                 timing["search"] += time.perf_counter() - started
@@ -312,36 +372,128 @@ class SearchRollout:
         return trajectories, timing
 
     def _search(self, searching: list[tuple[Trajectory, str]], step: int) -> None:
+        for (traj, _), docs in zip(searching, self._run_searches(searching, step), strict=True):
+            traj.add_environment(self.tokens.observation(docs))
+            if len(traj.completion_ids) >= self.config.max_completion_tokens:
+                traj.finish = "max_tokens"
+
+    def _run_searches(self, searching: list[tuple[Trajectory, str]], step: int) -> list[list[Document]]:
+        """One engine call for every search of the turn; each trajectory's counters and events updated. A
+        trajectory's searches are numbered in order (the curriculum's draws: search number), several in a turn
+        included."""
+        numbers: list[int] = []
+        seen: Counter = Counter()
+        for t, _ in searching:
+            numbers.append(t.searches + seen[id(t)])
+            seen[id(t)] += 1
         requests = [
             SearchRequest(
                 query=q,
                 question=t.question,
                 answers=t.answers,
-                noise=None if self.noise is None else self.noise(step, t.index, t.searches),
-                source=None if self.source is None else self.source(step, t.index, t.searches),
+                noise=None if self.noise is None else self.noise(step, t.index, n),
+                source=None if self.source is None else self.source(step, t.index, n),
             )
-            for t, q in searching
+            for (t, q), n in zip(searching, numbers, strict=True)
         ]
         results = self.engine.search(requests, self.k)
         if len(results) != len(requests):
             raise SearchError(f"search engine answered {len(results)} results for {len(requests)} requests")
+        out = []
         for (traj, query), request, docs in zip(searching, requests, results, strict=True):
             if not docs:
                 raise SearchError(f"search engine returned no documents for query {query!r}")
             traj.searches += 1
-            traj.search_close.append(len(traj.completion_ids) - 1)  # the token that closed </search>
+            traj.search_close.append(len(traj.completion_ids) - 1)  # the token that closed the search's turn
             traj.search_docs.append(list(docs))
             traj.documents += len(docs)
             traj.noisy_documents += sum(d.noisy is True for d in docs)
             traj.retrieved.extend(docs)
-            traj.add_environment(self.tokens.observation(docs))
-            if len(traj.completion_ids) >= self.config.max_completion_tokens:
-                traj.finish = "max_tokens"
             event: dict[str, Any] = {"query": query, "noisy": [d.noisy for d in docs]}
             if request.source is not None:
                 traj.sources.append(request.source)
                 event["source"] = request.source
             traj.events.append(event)
+            out.append(list(docs))
+        return out
+
+    # -- protocol=tools ------------------------------------------------------------------------------------
+    def _tools_turn(self, traj: Trajectory, gen: Generation, last_turn: bool) -> list:
+        """Read a turn under the tools protocol: its calls (executed by :meth:`_call_tools`), or its answer, or
+        an invalid turn. A turn's calls after the trajectory's budget are invalid (``over_budget``)."""
+        from zerosim.agent.tools import InvalidCall, parse_tool_calls
+
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        calls = parse_tool_calls(text, self.offered)
+        if not calls:
+            answer = extract_answer(text)
+            if answer is not None:
+                traj.answer, traj.finish = answer, "answer"
+                return []
+            traj.invalid_actions += 1
+            traj.invalid_calls["no_action"] += 1
+            if last_turn:
+                traj.finish = "no_answer"
+            else:
+                close = [] if gen.finish == "eos" else [self.tool_tokens.eos_id]
+                traj.add_environment(close + self.tool_tokens.correction(NO_ACTION))
+                if len(traj.completion_ids) >= self.config.max_completion_tokens:
+                    traj.finish = "max_tokens"
+            return []
+        budgeted = []
+        for call in calls:
+            traj.tool_calls += 1
+            if not isinstance(call, InvalidCall) and traj.tool_calls > self.config.max_tool_calls:
+                call = InvalidCall(
+                    "over_budget",
+                    f"this answer may call tools {self.config.max_tool_calls} times (rollout.max_tool_calls); "
+                    "give the answer now",
+                    call.name,
+                )
+            budgeted.append(call)
+        if any(isinstance(c, InvalidCall) for c in budgeted):
+            traj.invalid_actions += 1
+            traj.invalid_calls.update(c.kind for c in budgeted if isinstance(c, InvalidCall))
+        if last_turn:  # no turn left to read the replies in
+            traj.finish = "no_answer"
+            return []
+        return budgeted
+
+    def _call_tools(self, calling: list[tuple[Trajectory, list, bool]], step: int) -> None:
+        """Run every valid call of the turn (one executor call per tool, over all trajectories), then give each
+        trajectory its replies in its calls' order — an invalid call's reply says why — as the template renders
+        them (masked)."""
+        from zerosim.agent.tools import InvalidCall
+
+        replies: dict[tuple[int, int], str] = {}
+        for name in self.offered:
+            batch = [
+                (traj, i, call)
+                for traj, calls, _ in calling
+                for i, call in enumerate(calls)
+                if not isinstance(call, InvalidCall) and call.name == name
+            ]
+            if batch or name == "search":  # search every turn: a rank of a lockstep run calls its engine too
+                texts = getattr(self, f"execute_{name}")([(t, c) for t, _, c in batch], step)
+                replies.update({(id(t), i): text for (t, i, _), text in zip(batch, texts, strict=True)})
+        for traj, calls, closed in calling:
+            parts = [
+                (c.name or "error", f"Error: {c.reason}")
+                if isinstance(c, InvalidCall)
+                else (c.name, replies[(id(traj), i)])
+                for i, c in enumerate(calls)
+            ]
+            traj.add_environment(
+                ([] if closed else [self.tool_tokens.eos_id]) + self.tool_tokens.reply(parts)
+            )
+            if len(traj.completion_ids) >= self.config.max_completion_tokens:
+                traj.finish = "max_tokens"
+
+    def execute_search(self, calls: list[tuple[Trajectory, Any]], step: int) -> list[str]:
+        """The ``search`` tool: the engine's documents for each query, formatted as under tags, clipped to
+        ``rollout.max_obs_tokens``."""
+        docs = self._run_searches([(t, c.arguments["query"].strip()) for t, c in calls], step)
+        return [self.tool_tokens.clip(format_documents(d)) for d in docs]
 
     # -- reporting -----------------------------------------------------------------------------------------
     def metrics(
@@ -369,9 +521,27 @@ class SearchRollout:
                 if self.step_rewards is not None
                 else {}
             ),
+            **(self.tool_metrics(trajectories) if self.tool_tokens is not None else {}),
             **engine_counters(self.engine),
             **(self.source_metrics(trajectories) if self.source is not None else {}),
             **(self.step_metrics(step) if self.step_metrics is not None else {}),
+        }
+
+    def tool_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``tools/*``: calls per trajectory, the share of them that were invalid, and each invalid kind's count
+        over the step (every kind, 0 included, so curves are continuous)."""
+        from zerosim.agent.tools import INVALID_KINDS
+
+        n = max(len(trajectories), 1)
+        calls = sum(t.tool_calls for t in trajectories)
+        invalid = Counter()
+        for t in trajectories:
+            invalid.update(t.invalid_calls)
+        call_kinds = sum(v for k, v in invalid.items() if k != "no_action")
+        return {
+            "tools/calls_per_traj": calls / n,
+            "tools/invalid_call_share": call_kinds / calls if calls else 0.0,
+            **{f"tools/invalid/{kind}": float(invalid[kind]) for kind in INVALID_KINDS},
         }
 
     def source_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

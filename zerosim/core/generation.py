@@ -94,9 +94,9 @@ class HFGenerator:
         # decision (runtime.bf16, zerosim.core.runtime.apply_precision). A model already in bf16 (or on a GPU)
         # computes in its own dtype
         if bf16 is None:
-            from zerosim.core.runtime import cpu_bf16
+            from zerosim.core.runtime import cpu_bf16_generation
 
-            bf16 = cpu_bf16()
+            bf16 = cpu_bf16_generation()
         # not where ranks sync decoding steps: a ZeRO-3/FSDP model's weights are shards, gathered per forward
         on_cpu = next(model.parameters()).device.type == "cpu"
         fp32 = next(model.parameters()).dtype == torch.float32

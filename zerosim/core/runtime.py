@@ -31,7 +31,7 @@ class RuntimeConfig:
     threads: int | None = ranged(
         None, ">=1", "null = the cores this process may use / processes on this host"
     )
-    # bf16 compute on CPU (weights stay fp32): the RL update under autocast (trainer.bf16=null follows it), the policy's and the in-process simulator's generation; null = where the CPU multiplies bf16 in hardware (AMX, AVX512_BF16)
+    # bf16 compute on CPU (weights stay fp32): null = the RL update under autocast (trainer.bf16=null follows it) where the CPU multiplies bf16 in hardware (AMX, AVX512_BF16), generation fp32; true = the update and the policy's and in-process simulator's generation (hi+lo bf16 weights); false = fp32
     bf16: bool | None = None
 
 
@@ -120,14 +120,22 @@ def cpu_kind(cpuinfo: str | None = None) -> str:
 # process by apply_precision (beside apply_threads, from runtime.bf16); until then fp32 (a library caller's and
 # a test's default). A stage key reads the decision, not the setting (zerosim.experiment.keys).
 _CPU_BF16 = False
+_CPU_BF16_GENERATION = False
 
 
 @dataclass(frozen=True)
 class Precision:
-    """The process's CPU compute precision and why, in words for the machine line."""
+    """The process's CPU compute precision and why, in words for the machine line: ``bf16`` for the update
+    (what ``trainer.bf16=auto`` follows), ``generation`` for the policy's and the simulator's in-process
+    generation."""
 
     bf16: bool
     why: str
+    generation: bool | None = None  # None: as bf16
+
+    def __post_init__(self) -> None:
+        if self.generation is None:
+            object.__setattr__(self, "generation", self.bf16)
 
 
 def decide_precision(setting: bool | None, units: str | None) -> Precision:
@@ -136,7 +144,12 @@ def decide_precision(setting: bool | None, units: str | None) -> Precision:
     if setting is not None:
         return Precision(bool(setting), f"runtime.bf16={str(setting).lower()}: as set")
     if units is not None:
-        return Precision(True, f"runtime.bf16=auto: {units} multiplies bf16 in hardware")
+        # generation stays fp32 under auto: greedy rows of a fine-tuned 135M policy drift in bf16 arithmetic
+        # (docs/training.md, "bf16 on CPU": the v2 sim arm fell from ~25 EM to 10-15)
+        return Precision(
+            True, f"runtime.bf16=auto: {units} multiplies bf16 in hardware (the update; generation fp32)",
+            generation=False,
+        )  # fmt: skip
     return Precision(
         False, "runtime.bf16=auto: no bf16 matrix instructions on this CPU (AVX2), fp32 is faster"
     )
@@ -145,19 +158,26 @@ def decide_precision(setting: bool | None, units: str | None) -> Precision:
 def apply_precision(setting: bool | None = None, cpuinfo: str | None = None) -> Precision:
     """Decide this process's CPU compute precision from ``runtime.bf16`` (:func:`decide_precision`); returns it.
     With a GPU the CPU precision is unused (fp32), the GPU's is the recipe's."""
-    global _CPU_BF16
+    global _CPU_BF16, _CPU_BF16_GENERATION
     import torch
 
     decided = decide_precision(setting, bf16_units(cpuinfo))
     if torch.cuda.is_available():
         decided = Precision(False, "a GPU computes: its precision is the recipe's")
     _CPU_BF16 = decided.bf16
+    _CPU_BF16_GENERATION = decided.generation
     return decided
 
 
 def cpu_bf16() -> bool:
-    """Whether this process computes in bf16 on CPU (:func:`apply_precision`'s decision; False before it)."""
+    """Whether this process's update computes in bf16 on CPU under trainer.bf16=auto (:func:`apply_precision`'s
+    decision; False before it)."""
     return _CPU_BF16
+
+
+def cpu_bf16_generation() -> bool:
+    """Whether this process generates in bf16 on CPU (:func:`apply_precision`'s decision; False before it)."""
+    return _CPU_BF16_GENERATION
 
 
 # -- how quiet the machine was -------------------------------------------------------------------------------

@@ -87,17 +87,23 @@ def _live(kind: str, changes: dict[str, Any], schema: type) -> dict[str, Any]:
 
 
 # -- what a stage computes in: the CPU precision decided, not the setting --------------------------------------
-# ``runtime.bf16`` (null: bf16 where the CPU multiplies it in hardware) and ``trainer.bf16`` (null: as the runtime,
-# unless the loss compares two passes) decide per machine what a stage computes in. Its key holds the decision
-# instead: ``runtime.bf16: true`` where generation runs in bf16 and ``trainer.bf16: true`` where the update does,
-# nothing where they run fp32 (what every key held before these settings decided anything but AMX updates). A
-# record is read by the rules of its time on its machine: one without ``runtime.bf16`` generated in fp32 and
-# updated in bf16 only on AMX with trainer.bf16 auto and beta 0. So the presets that pin runtime.bf16=false keep
-# their exported records' keys, and an AVX-512 record of auto re-runs under auto on an AVX512_BF16 CPU.
+# ``runtime.bf16`` (null: the update in bf16 where the CPU multiplies it in hardware, generation in fp32; true: both
+# in bf16) and ``trainer.bf16`` (null: as the runtime decides the update, unless the loss compares two passes) decide
+# per machine what a stage computes in. Its key holds the decision instead: ``runtime.bf16: hi+lo`` where generation
+# runs in bf16 (:data:`BF16_GENERATION`) and ``trainer.bf16: true`` where the update does, nothing where they run
+# fp32 (what every key held before these settings decided anything but AMX updates). A record is read by the rules
+# of its time on its machine: one without ``runtime.bf16`` generated in fp32 and updated in bf16 only on AMX with
+# trainer.bf16 auto and beta 0; one of :data:`ONE_WEIGHT_BF16_COMMITS` generated in bf16 under auto too. So the
+# presets that pin runtime.bf16=false keep their exported records' keys.
 PRECISION_KINDS = frozenset(
     {Kind.train, Kind.eval, Kind.quality}
 )  # the kinds whose generation or update it sets
 PRECISION_SETTINGS = ("runtime.bf16", "trainer.bf16")
+# bf16 generation computes with each linear weight as hi + lo (zerosim.core.bf16) since the commit after these;
+# their records generated from one bf16 weight per layer (a fine-tune mostly rounded away): their key says
+# ``runtime.bf16: true``, today's ``runtime.bf16: hi+lo``, so none of theirs is reused for what runs now.
+ONE_WEIGHT_BF16_COMMITS = ("a0eaf1e", "b15186a", "a0f2013", "e790be8")
+BF16_GENERATION = "hi+lo"
 
 
 def _units_of(machine: str | None) -> str | None:
@@ -109,10 +115,17 @@ def _units_of(machine: str | None) -> str | None:
 
 
 def _with_precision(
-    kind: str, changes: dict[str, Any], leaves: dict[str, Any], machine: str | None, *, recorded: bool
+    kind: str,
+    changes: dict[str, Any],
+    leaves: dict[str, Any],
+    machine: str | None,
+    *,
+    recorded: bool,
+    commit: str | None = None,
 ) -> dict[str, Any]:
     """``changes`` with the precision settings replaced by what they decide on ``machine`` (see above): ``leaves``
-    is the stage's whole config (defaults filled in), ``recorded`` a record's (read by the rules of its time)."""
+    is the stage's whole config (defaults filled in), ``recorded`` a record's (read by the rules of its time),
+    ``commit`` the code a record ran (:data:`ONE_WEIGHT_BF16_COMMITS`)."""
     from zerosim.core.runtime import decide_precision
 
     if machine is not None and "CUDA" in machine:
@@ -124,14 +137,17 @@ def _with_precision(
     if machine is None and not predates:  # a record that does not say where it ran: here
         machine = _this_machine()
     units = _units_of(machine)
-    generation = False if predates else decide_precision(leaves.get("runtime.bf16"), units).bf16
+    decided = decide_precision(leaves.get("runtime.bf16"), units)
+    one_weight = recorded and str(commit or "").startswith(ONE_WEIGHT_BF16_COMMITS)
+    # that code generated in bf16 under auto too; today's generates in fp32 unless runtime.bf16=true
+    generation = False if predates else decided.bf16 if one_weight else decided.generation
     update = leaves.get("trainer.bf16")
     if kind == Kind.train and update is None:
         compares = leaves.get("trainer.beta", 0) != 0
         # before runtime.bf16, auto updated in bf16 on AMX only (unknown machine: as its key held, fp32)
-        update = (units == "AMX" if predates else generation) and not compares
+        update = (units == "AMX" if predates else decided.bf16) and not compares
     if generation:
-        out["runtime.bf16"] = True
+        out["runtime.bf16"] = True if one_weight else BF16_GENERATION
     if kind == Kind.train and update:
         out["trainer.bf16"] = True
     return out
@@ -220,7 +236,10 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
         changes = _keyed(stage.kind, _recorded_changes(config, schema))
         leaves = {**schema_defaults(schema), **_leaves(config)}
         leaves = {k: v for k, v in leaves.items() if k != "runtime.bf16" or k in _leaves(config)}
-        changes = _with_precision(stage.kind, changes, leaves, done.get("machine"), recorded=True)
+        commit = (done.get("code") or {}).get("commit") if isinstance(done.get("code"), dict) else None
+        changes = _with_precision(
+            stage.kind, changes, leaves, done.get("machine"), recorded=True, commit=commit
+        )
         changes = _live(stage.kind, changes, schema)
     return _key(stage.kind, changes, done.get("meta", {}), deps, root)
 

@@ -130,7 +130,8 @@ def _quality(stage: Stage, ctx: RunContext) -> dict[str, Any]:
 
 
 # what _warmstart hands run_warmstart (where runs are logged aside): the rest of the train config is the RL job's
-WARMSTART_READS = ("warmstart.", "policy.model", "run.seed")
+# rollout.protocol/tools: the protocol its demonstrations are written in (defaults: tags, a key as before)
+WARMSTART_READS = ("warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools")
 
 
 def _warmstart(stage: Stage, ctx: RunContext) -> dict[str, Any]:
@@ -143,6 +144,7 @@ def _warmstart(stage: Stage, ctx: RunContext) -> dict[str, Any]:
         seed=c.run.seed,
         tracking=c.tracking,
         output_dir=stage.dir(ctx.root) / "warmstart",
+        rollout=c.rollout,
     )
     return {"path": str(path)}
 

@@ -79,6 +79,34 @@ def _judge(cfg: TrainConfig) -> list[tuple[str, str]]:
     ]
 
 
+def _protocol(cfg) -> list[tuple[str, str]]:
+    """Under ``rollout.protocol=tools``: the protocol, its chat template, and each tool's JSON schema (nothing
+    under tags: its dry run reads as before the setting). Refuses a tokenizer that cannot render tools."""
+    import json
+
+    from zerosim.agent.rollout import Protocol
+
+    r = cfg.rollout
+    if r.protocol != Protocol.tools:
+        return []
+    from zerosim.agent.tool_format import tools_template
+    from zerosim.agent.tools import tools_named
+    from zerosim.core.models import load_tokenizer, resolve_model
+
+    tools = tools_named(r.tools)
+    tokenizer = load_tokenizer(resolve_model(cfg.policy.model))
+    template = tools_template(tokenizer)
+    own = "its own chat template" if template == tokenizer.chat_template else "the Qwen2.5 layout TRL ships"
+    return [
+        (
+            "protocol",
+            f"tools: <tool_call> JSON calls rendered by {own}, <= {r.max_tool_calls} calls per trajectory, "
+            "the answer between <answer> and </answer>",
+        ),
+        *((f"tool {t.name}", json.dumps(t.schema()["function"], ensure_ascii=False)) for t in tools),
+    ]
+
+
 def _precision(cfg: TrainConfig) -> str:
     """What the optimizer steps and what the forward/backward compute in (:func:`training_dtype`)."""
     if cfg.policy.dtype == "bfloat16":
@@ -114,7 +142,9 @@ def _warmstart(cfg: TrainConfig) -> str:
     w = cfg.warmstart
     if not w.enabled:
         return "off"
-    final = Path(cfg.run.output_dir) / cfg.run.name / "warmstart" / "final"
+    from zerosim.training.warmstart import warmstart_folder
+
+    final = Path(cfg.run.output_dir) / cfg.run.name / warmstart_folder(cfg) / "final"
     if w.reuse and (final / "config.json").is_file():
         return f"reuses {final}"
     data = _data(w.data, w.split, "warmstart.data")
@@ -195,6 +225,7 @@ def plan(
         ("per step", f"{trajectories} trajectories = {trajectories // t.num_generations} prompts x {t.num_generations} rollouts"),
         ("steps", f"{t.max_steps} ({t.max_steps * trajectories // t.num_generations} prompts in all)"),
         ("rollout", f"<= {r.max_turns} turns, {r.max_new_tokens} tokens/turn, {r.max_obs_tokens} tokens/observation, {r.max_completion_tokens} in all"),
+        *_protocol(cfg),
         ("curriculum", f"{c.schedule} ({c.granularity}): p = {curve}"),
         ("reward", ", ".join(f"{k} {v:g}" for k, v in (cfg.reward.weights or {cfg.reward.metric: 1.0}).items()) + f", format {cfg.reward.format_weight:g}"),
         *_judge(cfg),

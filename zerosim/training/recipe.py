@@ -145,7 +145,7 @@ def grpo_args(cfg: TrainConfig, output_dir: Path):
 
 def vllm_args(cfg: TrainConfig) -> dict[str, Any]:
     """``GRPOConfig`` fields for ``trainer.generation`` (none for hf): TRL runs vLLM and syncs its weights."""
-    from zerosim.agent.rollout import STOP_STRINGS
+    from zerosim.agent.rollout import stop_strings
 
     t = cfg.trainer
     if t.generation == "hf":
@@ -159,21 +159,23 @@ def vllm_args(cfg: TrainConfig) -> dict[str, Any]:
         "vllm_tensor_parallel_size": t.vllm_tensor_parallel_size,
         # room for the longest prompt (~256 tokens of instruction + question) and the whole trajectory
         "vllm_max_model_length": t.vllm_max_model_length or r.max_completion_tokens + 512,
-        # each turn stops at the first </search> or </answer>, kept in the text like the HF path does
-        "generation_kwargs": {"stop": list(STOP_STRINGS), "include_stop_str_in_output": True},
+        # under tags each turn stops at the first </search> or </answer>, kept in the text like the HF path does
+        "generation_kwargs": {"stop": list(stop_strings(r)), "include_stop_str_in_output": True},
         "top_p": r.top_p,
     }
 
 
 def _reusable_warmstart(cfg: TrainConfig, output_dir: Path) -> bool:
-    return cfg.warmstart.reuse and (output_dir / "warmstart" / "final" / "config.json").is_file()
+    from zerosim.training.warmstart import warmstart_folder
+
+    return cfg.warmstart.reuse and (output_dir / warmstart_folder(cfg) / "final" / "config.json").is_file()
 
 
 def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
     """The cold-start SFT checkpoint for this run: reused when present (``warmstart.reuse``), else trained."""
-    from zerosim.training.warmstart import run_warmstart
+    from zerosim.training.warmstart import run_warmstart, warmstart_folder
 
-    target = output_dir / "warmstart" / "final"
+    target = output_dir / warmstart_folder(cfg) / "final"
     if _reusable_warmstart(cfg, output_dir):
         return target
     return run_warmstart(
@@ -181,7 +183,8 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
         policy=cfg.policy.model,
         seed=cfg.run.seed,
         tracking=cfg.tracking,
-        output_dir=output_dir / "warmstart",
+        output_dir=output_dir / warmstart_folder(cfg),
+        rollout=cfg.rollout,
     )
 
 

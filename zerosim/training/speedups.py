@@ -138,7 +138,7 @@ def machine_line(cfg, cpuinfo: str | None = None) -> str:
     else:
         why = "trainer.beta != 0: a KL term compares two passes, which bf16 rounds differently"
     update = f"update in {'bf16 autocast' if bf16 else 'fp32'} (trainer.bf16={setting}: {why})"
-    generation = f"generation in {'bf16' if cpu.bf16 else 'fp32'}"
+    generation = f"generation in {'bf16 (hi+lo weights)' if cpu.generation else 'fp32'}"
     kind = cpu_kind(cpuinfo)
     return f"machine: {kind} · {'bf16' if cpu.bf16 else 'fp32'} compute ({cpu.why}; fp32 weights): {generation}, {update}"
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from trl.models import unwrap_model_for_generation
 
-from zerosim.agent.rollout import STOP_STRINGS, SearchRollout, Trajectory, synced_decoding
+from zerosim.agent.rollout import SearchRollout, Trajectory, stop_strings, synced_decoding
 from zerosim.core.distributed import TurnSync
 from zerosim.core.generation import VLLMGenerator
 from zerosim.core.metrics import normalize_answer
@@ -84,7 +84,7 @@ class TRLRollout:
                 generator = VLLMGenerator(
                     trainer.vllm_generation,
                     loop.tokenizer,
-                    stop_strings=STOP_STRINGS,
+                    stop_strings=stop_strings(loop.config),
                     eos_token_ids=loop.eos_ids,
                 )
             else:

@@ -29,7 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from curricula import find_mixed
-from zerosim.agent.rollout import STOP_STRINGS, RolloutConfig, SearchRollout, build_prompt, synced_decoding
+from zerosim.agent.rollout import RolloutConfig, SearchRollout, build_prompt, stop_strings, synced_decoding
 from zerosim.core.data.qa import QAExample
 from zerosim.core.distributed import TurnSync
 from zerosim.core.generation import HFGenerator
@@ -121,7 +121,11 @@ class Validation(TrainerCallback):
         return HFGenerator(
             model,
             self.tokenizer,
-            sampling=Sampling(temperature=0.0, stop_strings=STOP_STRINGS),
+            sampling=Sampling(
+                temperature=0.0,
+                stop_strings=stop_strings(self.rollout.config),
+                eos_token_ids=self.rollout.eos_ids,
+            ),
             logprobs=False,
             collective=synced_decoding(model, sync),
         )

@@ -12,6 +12,7 @@ block), and the ``<information>`` tokens are masked out of the SFT loss exactly 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from collections.abc import Sequence
@@ -53,16 +54,27 @@ def build_examples(
     batch_size: int = 64,
     grounded: bool = False,
     limit: int | None = None,
+    rollout=None,
 ) -> list[dict[str, list[int]]]:
     """Tokenised trajectories with ``labels`` = ``IGNORE_INDEX`` on the prompt and on every observation token.
 
     ``grounded``: skip questions whose clipped observation holds no gold answer. ``limit``: stop after that
-    many trajectories.
+    many trajectories. ``rollout`` (a :class:`~zerosim.agent.rollout.RolloutConfig`): under
+    ``protocol=tools`` the trajectories are written as the RL rollout reads them there — the search as a
+    ``<tool_call>`` closing the turn, the documents as the template's ``tool`` message, the answer in the
+    last turn — from :class:`~zerosim.agent.tool_format.ToolTokens`' pieces.
     """
+    from zerosim.agent.rollout import Protocol
     from zerosim.core.metrics import answer_in_text
 
     rng = random.Random(seed)
     tokens = ProtocolTokens(tokenizer, max_obs_tokens)
+    tool_tokens = None
+    if rollout is not None and rollout.protocol == Protocol.tools:
+        from zerosim.agent.tool_format import ToolTokens
+        from zerosim.agent.tools import tools_named
+
+        tool_tokens = ToolTokens(tokenizer, tools_named(rollout.tools), max_obs_tokens)
     rows: list[dict[str, list[int]]] = []
     for start in range(0, len(questions), batch_size):
         if limit is not None and len(rows) >= limit:
@@ -73,31 +85,47 @@ def build_examples(
             if limit is not None and len(rows) >= limit:
                 break
             answer = ex.golden_answers[0]
-            observation = tokens.observation(docs)
+            if tool_tokens is not None:
+                from zerosim.core.search import format_documents
+
+                observation = tool_tokens.reply([("search", tool_tokens.clip(format_documents(docs)))])
+            else:
+                observation = tokens.observation(docs)
             if grounded:
                 seen = tokenizer.decode(observation, skip_special_tokens=True)
                 found = [a for a in ex.golden_answers if answer_in_text(seen, [a])]
                 if not found:
                     continue
                 answer = found[0]
-            first = (
-                f"<think>{rng.choice(_THINK_BEFORE).format(topic=_topic(ex.question))}</think>\n"
-                f"<search> {ex.question.strip()} </search>"
-            )
+            think = f"<think>{rng.choice(_THINK_BEFORE).format(topic=_topic(ex.question))}</think>\n"
             second = f"<think>{rng.choice(_THINK_AFTER).format(answer=answer)}</think>\n<answer> {answer} </answer>"
-            prompt = tokens.prompt(build_prompt(ex.question))
-            policy_1 = tokens.encode(first)
-            policy_2 = tokens.encode(second) + [tokenizer.eos_token_id]
+            if tool_tokens is not None:  # the call as the template writes an assistant's tool_calls
+                call = json.dumps({"name": "search", "arguments": {"query": ex.question.strip()}})
+                prompt = tool_tokens.prompt(ex.question)
+                policy_1 = tokens.encode(f"{think}<tool_call>\n{call}\n</tool_call>") + [tool_tokens.eos_id]
+                policy_2 = tokens.encode(second) + [tool_tokens.eos_id]
+            else:
+                prompt = tokens.prompt(build_prompt(ex.question))
+                policy_1 = tokens.encode(f"{think}<search> {ex.question.strip()} </search>")
+                policy_2 = tokens.encode(second) + [tokenizer.eos_token_id]
             input_ids = prompt + policy_1 + observation + policy_2
             labels = [IGNORE_INDEX] * len(prompt) + policy_1 + [IGNORE_INDEX] * len(observation) + policy_2
             rows.append({"input_ids": input_ids, "labels": labels})
     return rows
 
 
+def warmstart_folder(cfg) -> str:
+    """``warmstart`` (tags) or ``warmstart-tools``: a run's warm start of the other protocol is not reused."""
+    from zerosim.agent.rollout import Protocol
+
+    return "warmstart" if cfg.rollout.protocol == Protocol.tags else "warmstart-tools"
+
+
 def run_warmstart(
-    cfg: WarmstartConfig, *, policy: str, seed: int, tracking, output_dir: Path, engine=None
+    cfg: WarmstartConfig, *, policy: str, seed: int, tracking, output_dir: Path, engine=None, rollout=None
 ) -> Path:
-    """SFT ``policy`` on synthetic trajectories; returns the checkpoint directory (an MLflow run is logged)."""
+    """SFT ``policy`` on synthetic trajectories; returns the checkpoint directory (an MLflow run is logged).
+    ``rollout``: the RL rollout's settings, whose protocol the trajectories are written in (:func:`build_examples`)."""
     import mlflow
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -123,6 +151,7 @@ def run_warmstart(
         seed=seed,
         grounded=cfg.grounded,
         limit=cfg.num_examples,
+        rollout=rollout,
     )
     if not rows:
         raise ValueError(
