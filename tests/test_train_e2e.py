@@ -224,3 +224,35 @@ def test_cli_collapse_guard_rolls_back_then_stops_and_keeps_the_best_policy(
     final = load_file(str(out / "final" / "model.safetensors"))
     best = load_file(str(out / "best" / "model.safetensors"))
     assert final.keys() == best.keys() and all(torch.equal(final[k], best[k]) for k in final)
+
+
+def test_cli_train_speaks_tool_calls_with_rollout_protocol_tools(
+    tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli
+):
+    """rollout.protocol=tools end to end: the warm start's demonstrations in the tools format (its own folder),
+    two GRPO steps and validation over tool calls, tools/* in MLflow."""
+    import mlflow
+
+    qa, corpus = capitals(8)
+    cmd = [
+        "train", "--config", DEMO, f"run.output_dir={tmp_path / 'out'}", "run.name=tools",
+        f"policy.model={tiny_model_dir}", "search.engine=bm25", f"search.bm25.corpus={corpus}", f"data.train={qa}",
+        "rollout.protocol=tools", "trainer.max_steps=2", "trainer.per_device_train_batch_size=4",
+        "trainer.num_generations=2", "rollout.max_new_tokens=8", "rollout.max_turns=2",
+        f"tracking.tracking_uri={mlflow_db}", "tracking.experiment=tools", "warmstart.enabled=true",
+        f"warmstart.data={qa}", f"warmstart.search.bm25.corpus={corpus}", "warmstart.max_steps=1",
+        "warmstart.batch_size=2", "warmstart.num_examples=2", "validation.every=2", "validation.max_examples=2",
+        "validation.batch_size=2",
+    ]  # fmt: skip
+    zerosim_cli(*cmd)
+    mlflow.set_tracking_uri(mlflow_db)
+    runs = mlflow.search_runs(experiment_names=["tools"], output_format="list")
+    (run,) = [r for r in runs if r.data.tags["zerosim.job"] == "train"]
+    assert run.info.status == "FINISHED" and run.data.params["rollout.protocol"] == "tools"
+    assert run.data.tags["zerosim.policy_init"] == str(
+        tmp_path / "out" / "tools" / "warmstart-tools" / "final"
+    )
+    client = mlflow.MlflowClient()
+    for key in ["tools/calls_per_traj", "tools/invalid_call_share", "tools/invalid/no_action", "reward"]:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/em")] == [0, 2]
