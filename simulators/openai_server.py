@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -133,11 +134,53 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    arguments: StrictStr = Field(description="The arguments as a JSON string (OpenAI's wire form).")
+
+
+class AssistantToolCall(BaseModel):
+    """A tool call an assistant message made earlier in the conversation (OpenAI's ``tool_calls`` entry)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr = Field(min_length=1)
+    description: StrictStr = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolSpec(BaseModel):
+    """One tool a request offers (OpenAI's ``tools`` entry: a function and its JSON schema)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = Field(description="Only function tools are served.")
+    function: FunctionSpec
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: StrictStr = Field(description="system, user, assistant, ...: whatever the chat template takes.")
-    content: StrictStr | list[TextPart] = Field(description="The text, or text parts (joined by newlines).")
+    role: StrictStr = Field(
+        description="system, user, assistant, tool, ...: whatever the chat template takes."
+    )
+    content: StrictStr | list[TextPart] | None = Field(
+        default=None,
+        description="The text, or text parts (joined by newlines); null for a message of tool calls.",
+    )
+    tool_calls: list[AssistantToolCall] | None = Field(default=None, description="An assistant's calls.")
+    tool_call_id: StrictStr | None = Field(default=None, description="A tool message: the call it answers.")
+    name: StrictStr | None = Field(default=None, description="A tool message: the tool's name.")
 
     @field_validator("content", mode="wrap")
     @classmethod
@@ -151,11 +194,40 @@ class ChatMessage(BaseModel):
             ) from None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
+    def for_template(self, names: Mapping[str, str]) -> dict[str, Any]:
+        """The message as chat templates take it: a call's arguments as an object, a tool message's tool name
+        (from the call it answers, ``names``: call id -> name, where it does not say)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            out["name"] = self.name or names.get(self.tool_call_id or "", "")
+        return out
+
+
+def _arguments(function: ToolCallFunction) -> dict[str, Any]:
+    try:
+        value = json.loads(function.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"tool call {function.name!r}: arguments are not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"tool call {function.name!r}: arguments must be a JSON object")
+    return value
 
 
 class ChatCompletionRequest(SamplingRequest):
-    """The subset of OpenAI's chat completions request this server honours (one choice, no tools)."""
+    """The subset of OpenAI's chat completions request this server honours (one choice; function tools, whose
+    calls are answered as ``tool_calls`` when the model writes them in its template's format)."""
 
     refused: ClassVar[tuple[str, ...]] = ("stream", "logprobs")
 
@@ -167,6 +239,10 @@ class ChatCompletionRequest(SamplingRequest):
         default=None, ge=1, description="OpenAI's newer name for max_tokens; wins when both are given."
     )
     logprobs: StrictBool = Field(default=False, description="Log-probs are not returned.")
+    tools: list[ToolSpec] | None = Field(default=None, description="Function tools the model may call.")
+    tool_choice: StrictStr | dict[str, Any] | None = Field(
+        default=None, description="auto (the default) or none; forcing a call is not supported."
+    )
 
 
 def _error(
@@ -422,11 +498,18 @@ def create_openai_app(
                 f"model {body.model} has no chat template: send text you formatted to /v1/completions",
                 param="messages",
             )
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        offered = None if body.tool_choice == "none" else body.tools
+        if body.tool_choice not in (None, "auto", "none"):
+            return _error(
+                400, f"tool_choice={body.tool_choice!r} is not supported (auto or none)", param="tool_choice"
+            )
         try:
-            text = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            rendered = _chat_prompt(backend.tokenizer, body.messages, offered)
         except jinja2.TemplateError as exc:  # e.g. roles the template does not take, in an order it refuses
             return _error(400, f"the chat template refused these messages: {exc}", param="messages")
+        except ValueError as exc:  # a bad tool schema, arguments that are not JSON, a template without tools
+            return _error(400, str(exc), param="tools" if "tool" in str(exc) else "messages")
+        text, tools = rendered
         if body.max_completion_tokens is not None:
             generated = await generate(
                 request, body, [text], body.max_completion_tokens, "messages", "max_completion_tokens"
@@ -436,25 +519,64 @@ def create_openai_app(
         if isinstance(generated, JSONResponse):
             return generated
         (answer,) = generated
+        message, finish = _assistant_message(answer, tools)
         return JSONResponse(
             content={
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": answer.text},
-                        "logprobs": None,
-                        "finish_reason": answer.finish_reason,
-                    }
-                ],
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
                 "usage": usage(generated),
             }
         )
 
     return app
+
+
+def _chat_prompt(tokenizer, messages: Sequence[ChatMessage], offered: Sequence[ToolSpec] | None):
+    """(the prompt text, the offered tools as zerosim tools or None): the conversation rendered by the model's
+    chat template, with the tools' schemas where the request offers any (zerosim.agent.tool_format: the template
+    the policy trained with under rollout.protocol=tools)."""
+    names = {c.id: c.function.name for m in messages for c in (m.tool_calls or []) if c.id}
+    rendered = [m.for_template(names) for m in messages]
+    if not offered:
+        return tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False), None
+    from zerosim.agent.tool_format import tools_template
+    from zerosim.agent.tools import Tool
+
+    try:
+        tools = {
+            t.function.name: Tool(t.function.name, t.function.description, t.function.parameters, "", "")
+            for t in offered
+        }
+    except Exception as exc:  # jsonschema's SchemaError
+        raise ValueError(
+            f"tools: a function's parameters are not a JSON schema: {exc}".split("\n")[0]
+        ) from None
+    text = tokenizer.apply_chat_template(
+        rendered,
+        tools=[t.schema() for t in tools.values()],
+        chat_template=tools_template(tokenizer),
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return text, tools
+
+
+def _assistant_message(answer: Completion, tools) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason: the calls the text makes in the template's format as OpenAI
+    ``tool_calls`` (``finish_reason: tool_calls``) and the text before them as its content; a text with a bad
+    call, or no call, is content as it is (what vLLM's hermes parser does with it)."""
+    if tools:
+        from zerosim.agent.tools import InvalidCall, parse_tool_calls
+
+        calls = parse_tool_calls(answer.text, tools)
+        if calls and not any(isinstance(c, InvalidCall) for c in calls):
+            content = answer.text[: answer.text.index("<tool_call>")].strip() or None
+            tool_calls = [c.openai(f"call_{uuid.uuid4().hex[:24]}") for c in calls]
+            return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+    return {"role": "assistant", "content": answer.text}, answer.finish_reason
 
 
 @contextlib.contextmanager

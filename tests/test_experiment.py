@@ -454,14 +454,26 @@ def test_the_warm_start_key_names_everything_the_warm_start_reads():
     from zerosim.training.config import PolicyConfig
     from zerosim.training.warmstart import run_warmstart
 
-    assert WARMSTART_READS == ("warmstart.", "policy.model", "run.seed")
+    assert WARMSTART_READS == ("warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools")
     assert list(inspect.signature(run_warmstart).parameters) == [
-        "cfg", "policy", "seed", "tracking", "output_dir", "engine"
+        "cfg", "policy", "seed", "tracking", "output_dir", "engine", "rollout"
     ], "run_warmstart takes a new input: key it in WARMSTART_READS (zerosim/experiment/kinds.py)"  # fmt: skip
     source = inspect.getsource(_warmstart)
-    for handed in ("c.warmstart,", "policy=c.policy.model,", "seed=c.run.seed,", "tracking=c.tracking,"):
-        assert handed in source, handed
-    assert source.count("c.") == 4, "the warm-start stage reads another setting: key it in WARMSTART_READS"
+    handed = (
+        "c.warmstart,",
+        "policy=c.policy.model,",
+        "seed=c.run.seed,",
+        "tracking=c.tracking,",
+        "rollout=c.rollout",
+    )
+    for one in handed:
+        assert one in source, one
+    assert source.count("c.") == 5, "the warm-start stage reads another setting: key it in WARMSTART_READS"
+    # of the rollout section it reads the protocol and the tools (zerosim.training.warmstart.build_examples)
+    from zerosim.training import warmstart
+
+    reads = set(re.findall(r"(?<![\w.~])rollout\.(\w+)", inspect.getsource(warmstart.build_examples)))
+    assert reads == {"protocol", "tools"}, reads
     assert {f.name for f in dataclasses.fields(PolicyConfig)} == {"model", "dtype"}, (
         "a new policy setting: if the warm start reads it, add it to WARMSTART_READS"
     )

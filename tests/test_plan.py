@@ -30,7 +30,9 @@ def gpu_machine(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(name="NVIDIA H200", total_memory=141e9)
+        torch.cuda,
+        "get_device_properties",
+        lambda i: types.SimpleNamespace(name="NVIDIA H200", total_memory=141e9),
     )
 
 

@@ -142,7 +142,9 @@ def test_a_live_vllm_server_passes_the_dry_run_and_the_start_check(
 ):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80e9)
+        torch.cuda,
+        "get_device_properties",
+        lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80e9),
     )
     url, asked = health_server
     cfg = train_config(tmp_path, "vllm_server", url + "/")

@@ -394,6 +394,45 @@ def policy_warmstart(
     typer.echo(str(path))
 
 
+@serve_app.command("policy")
+def serve_policy(
+    model: str = typer.Option(..., "--model", help="Trained policy: a checkpoint folder, HF id, or smollm2."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
+    port: int = typer.Option(8002, "--port", help="TCP port."),
+    served_model_name: str = typer.Option(
+        None, "--served-model-name", help="Name clients ask for (default: --model)."
+    ),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16."),
+    threads: int = _threads_option(),
+    max_waiting: int = typer.Option(64, "--max-waiting", min=0, help="Requests that may wait; more get 429."),
+    request_timeout: float = typer.Option(
+        30.0, "--request-timeout", min=0.001, help="Seconds to receive a whole request before closing it."
+    ),
+) -> None:
+    """Serve a policy over an OpenAI-compatible /v1/chat/completions that takes `tools` and answers `tool_calls`
+    (the template and call format of rollout.protocol=tools; docs/agents.md), in-process."""
+    import os
+
+    os.environ.setdefault(
+        "OMP_WAIT_POLICY", "PASSIVE"
+    )  # as `simulator serve`: it shares cores with its clients
+    from simulators.openai_server import serve_openai
+    from zerosim.core.http.connections import ConnectionTimeouts
+    from zerosim.core.models import resolve_model
+    from zerosim.core.runtime import apply_threads
+
+    apply_threads(threads)
+    serve_openai(
+        resolve_model(model),
+        host,
+        port,
+        served_model_name=served_model_name or model,
+        dtype=dtype,
+        max_waiting=max_waiting,
+        timeouts=ConnectionTimeouts(request=request_timeout),
+    )
+
+
 @serve_app.command("retriever")
 def serve_retriever(
     index: Path = typer.Option(..., "--index", help="Index directory from `zerosim index build`."),
