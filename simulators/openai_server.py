@@ -542,6 +542,8 @@ def _chat_prompt(tokenizer, messages: Sequence[ChatMessage], offered: Sequence[T
     rendered = [m.for_template(names) for m in messages]
     if not offered:
         return tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False), None
+    from jsonschema.exceptions import SchemaError
+
     from zerosim.agent.tool_format import tools_template
     from zerosim.agent.tools import Tool
 
@@ -550,7 +552,7 @@ def _chat_prompt(tokenizer, messages: Sequence[ChatMessage], offered: Sequence[T
             t.function.name: Tool(t.function.name, t.function.description, t.function.parameters, "", "")
             for t in offered
         }
-    except Exception as exc:  # jsonschema's SchemaError
+    except SchemaError as exc:
         raise ValueError(
             f"tools: a function's parameters are not a JSON schema: {exc}".split("\n")[0]
         ) from None

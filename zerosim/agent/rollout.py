@@ -34,6 +34,7 @@ from typing import Any
 
 from zerosim.agent.protocol import extract_answer, parse_action
 from zerosim.agent.step_rewards import search_step_rewards
+from zerosim.agent.tools import INVALID_KINDS, InvalidCall, parse_tool_calls, tools_named
 from zerosim.core.config import ranged
 from zerosim.core.distributed import SingleProcess
 from zerosim.core.generation import Generation, HFGenerator
@@ -242,8 +243,7 @@ class SearchRollout:
         self.eos_ids = [tokenizer.eos_token_id]
         self.tool_tokens = None
         if config.protocol == Protocol.tools:
-            from zerosim.agent.tool_format import ToolTokens
-            from zerosim.agent.tools import tools_named
+            from zerosim.agent.tool_format import ToolTokens  # TRL's template, loaded only here
 
             self.offered = {t.name: t for t in tools_named(config.tools)}
             missing = [n for n in self.offered if not callable(getattr(self, f"execute_{n}", None))]
@@ -421,8 +421,6 @@ class SearchRollout:
     def _tools_turn(self, traj: Trajectory, gen: Generation, last_turn: bool) -> list:
         """Read a turn under the tools protocol: its calls (executed by :meth:`_call_tools`), or its answer, or
         an invalid turn. A turn's calls after the trajectory's budget are invalid (``over_budget``)."""
-        from zerosim.agent.tools import InvalidCall, parse_tool_calls
-
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         calls = parse_tool_calls(text, self.offered)
         if not calls:
@@ -463,8 +461,6 @@ class SearchRollout:
         """Run every valid call of the turn (one executor call per tool, over all trajectories), then give each
         trajectory its replies in its calls' order — an invalid call's reply says why — as the template renders
         them (masked)."""
-        from zerosim.agent.tools import InvalidCall
-
         replies: dict[tuple[int, int], str] = {}
         for name in self.offered:
             batch = [
@@ -530,8 +526,6 @@ class SearchRollout:
     def tool_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """``tools/*``: calls per trajectory, the share of them that were invalid, and each invalid kind's count
         over the step (every kind, 0 included, so curves are continuous)."""
-        from zerosim.agent.tools import INVALID_KINDS
-
         n = max(len(trajectories), 1)
         calls = sum(t.tool_calls for t in trajectories)
         invalid = Counter()

@@ -59,14 +59,9 @@ class ToolTokens:
         self.schemas = [t.schema() for t in self.tools]
         self.template = tools_template(tokenizer)
         self.max_reply_tokens = max_reply_tokens
-        self.eos_id = (
-            tokenizer.convert_tokens_to_ids(CHATML_TOKENS[1]) if self._chatml else tokenizer.eos_token_id
-        )
-
-    @property
-    def _chatml(self) -> bool:
-        vocab = self.tokenizer.get_vocab()
-        return all(t in vocab for t in CHATML_TOKENS) and CHATML_TOKENS[1] in self.template
+        chatml = CHATML_TOKENS[1] in self.template and all(t in tokenizer.get_vocab() for t in CHATML_TOKENS)
+        self.eos_id = tokenizer.convert_tokens_to_ids(CHATML_TOKENS[1]) if chatml else tokenizer.eos_token_id
+        self._prefixes: dict[str, list[int]] = {}  # _after's renderings of a turn, by its shape
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
         return list(
@@ -108,10 +103,16 @@ class ToolTokens:
         return self._after(turn, turn + [{"role": "user", "content": text}])
 
     def _after(self, before: list[dict[str, Any]], full: list[dict[str, Any]]) -> list[int]:
-        prefix = self.render(before, generation_prompt=False)
-        ends = [i for i, t in enumerate(prefix) if t == self.eos_id]
-        if ends:  # the policy's turn ends at its end-of-turn token; the template's newline after it is ours
-            prefix = prefix[: ends[-1] + 1]
+        key = repr(before)  # a handful of shapes (the calls' names): rendered once each
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            prefix = self.render(before, generation_prompt=False)
+            ends = [i for i, t in enumerate(prefix) if t == self.eos_id]
+            if (
+                ends
+            ):  # the policy's turn ends at its end-of-turn token; the template's newline after it is ours
+                prefix = prefix[: ends[-1] + 1]
+            self._prefixes[key] = prefix
         ids = self.render(full, generation_prompt=True)
         if ids[: len(prefix)] != prefix:
             raise TemplateError(

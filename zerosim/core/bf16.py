@@ -49,7 +49,9 @@ class SplitBf16Linear(torch.nn.Module):
         self.register_buffer(
             "weight", weight.new_empty((self.out_features, width), dtype=torch.bfloat16), persistent=False
         )
-        self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().to(torch.bfloat16), persistent=False
+        )
         self.load(weight, bias)
 
     @torch.no_grad()
@@ -66,7 +68,7 @@ class SplitBf16Linear(torch.nn.Module):
         x = x.to(torch.bfloat16)
         if self.split:
             x = torch.cat([x, x], dim=-1)
-        return F.linear(x, self.weight, None if self.bias is None else self.bias.to(torch.bfloat16))
+        return F.linear(x, self.weight, self.bias)
 
 
 class Bf16Copy:

@@ -236,7 +236,8 @@ def recorded_key(stage: Stage, done: dict[str, Any], root: Path, stages: dict[st
         changes = _keyed(stage.kind, _recorded_changes(config, schema))
         leaves = {**schema_defaults(schema), **_leaves(config)}
         leaves = {k: v for k, v in leaves.items() if k != "runtime.bf16" or k in _leaves(config)}
-        commit = (done.get("code") or {}).get("commit") if isinstance(done.get("code"), dict) else None
+        code = done.get("code")
+        commit = code.get("commit") if isinstance(code, dict) else None
         changes = _with_precision(
             stage.kind, changes, leaves, done.get("machine"), recorded=True, commit=commit
         )
