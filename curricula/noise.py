@@ -75,6 +75,18 @@ def search_source(*, seed: int, step: int, trajectory: int, search: int, real_sh
     return "real" if rng.random() < real_share else "sim"
 
 
+PAGE_STREAM = 0x9A6E5  # salts the page draw's generator: a stream apart from the searches' noise and source
+
+
+def page_noise(*, seed: int, step: int, trajectory: int, call: int, p: float) -> bool:
+    """Whether the ``call``-th page a trajectory opens at ``step`` is noisy under the simulator (the ``read_page``
+    tool): Bernoulli(``p``), a pure function of its arguments like :func:`trajectory_noise`, from a stream of its
+    own (:data:`PAGE_STREAM`) so opening pages changes no search's draw."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"noise probability must be in [0, 1], got {p}")
+    return bool(np.random.default_rng([seed, step, PAGE_STREAM, trajectory, call]).random() < p)
+
+
 class CurriculumNoise:
     """The rollout's noise function (:data:`zerosim.agent.rollout.NoiseFn`): the noise pattern of a search, drawn
     by :func:`trajectory_noise` at ``schedule``'s probability for the step."""
@@ -94,4 +106,10 @@ class CurriculumNoise:
             k=self.k,
             p=self.schedule.probability(step),
             granularity=self.granularity,
+        )
+
+    def page(self, step: int, trajectory: int, call: int) -> bool:
+        """The draw of a trajectory's ``call``-th page (:func:`page_noise`) at the step's probability."""
+        return page_noise(
+            seed=self.seed, step=step, trajectory=trajectory, call=call, p=self.schedule.probability(step)
         )

@@ -131,6 +131,23 @@ class WithheldAnswers:
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]:
         return self.engine.search([dataclasses.replace(r, question=None, answers=()) for r in requests], k)
 
+    def pages(self, by: str = "title"):
+        """The pages behind the engine's results, read without the question and answers either (or None)."""
+        from zerosim.core.pages import page_reader
+
+        reader = page_reader(self.engine, by=by)
+        return None if reader is None else _WithheldPages(reader)
+
+
+class _WithheldPages:
+    def __init__(self, reader):
+        self.reader = reader
+
+    def read_pages(self, requests, max_words: int):
+        return self.reader.read_pages(
+            [dataclasses.replace(r, question=None, answers=()) for r in requests], max_words
+        )
+
 
 def answers_override(search: Any, engine: str | None = None) -> bool:
     """Whether the search engine outside training (evaluation, validation) may see the gold answers;
@@ -285,6 +302,11 @@ class Evaluator:
         # an engine that routes each search between sources (search.engine=mixed) draws them per
         # (step, trajectory, search) as in training
         self.source = getattr(engine, "draw_source", None)
+        self.pages = None  # read_page offered: the engine's pages, resolved once (zerosim.core.pages)
+        if engine is not None and cfg.rollout.protocol == "tools" and "read_page" in cfg.rollout.tools:
+            from zerosim.engines import reading_pages
+
+            self.pages = reading_pages(self.engine, cfg.search)
         self.answer_generator = policy_generator(cfg, model, tokenizer, ("</answer>",))
         self.agent_generator = policy_generator(cfg, model, tokenizer, stop_strings(cfg.rollout))
         # released by close(), once; else when the evaluator is collected
@@ -342,6 +364,7 @@ class Evaluator:
             k=self.cfg.search.k,
             examples=examples,  # evaluation: the engine as it is, no curriculum noise
             source=self.source,
+            pages=self.pages,
         )
         trajectories, _ = rollout.run(
             self.agent_generator, [build_prompt(ex.question) for ex in batch], step=0

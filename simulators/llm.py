@@ -50,6 +50,7 @@ from simulators.prompts import PRESETS, SimulatorPrompts, load_prompts
 from simulators.relevance import question_coverage
 from zerosim.core.http.retry import RetryPolicy
 from zerosim.core.metrics import answer_in_text
+from zerosim.core.pages import Page, PageRequest
 from zerosim.core.search import Document, SearchError, SearchRequest
 
 EMPTY_RESULT_TEXT = "The search engine returned no readable result for this query."
@@ -299,6 +300,60 @@ class LLMSimulator:
         results = [self._assemble(i, req, k, found[i]) for i, req in enumerate(requests)]
         self.stats["requests"] += len(requests)
         return results
+
+    # -- pages (the read_page tool) -------------------------------------------------------------------
+
+    def read_pages(self, requests: Sequence[PageRequest], max_words: int) -> list[Page]:
+        """A page for each result opened: the simulator writes one document of about ``max_words`` words on
+        the result's title (the query it was written for), useful or noisy as the request's curriculum draw
+        says, with the question and answers where a search of that query would be shown them. A noisy page
+        that holds a gold answer is relabelled useful (as ``on_leak=relabel`` does); one the simulator
+        writes nothing parseable for says so (:data:`EMPTY_RESULT_TEXT`), counted in ``pages_empty``."""
+        if not requests:
+            return []
+        budget = max(self.max_new_tokens, int(max_words * 1.5))
+        prompts = []
+        for r in requests:
+            search = SearchRequest(
+                query=r.document.title or r.document.text, question=r.question, answers=r.answers
+            )
+            hinted = self._carries_answers(search) and self._covers(search)
+            prompts.append(
+                self.prompts.render(
+                    query=search.query,
+                    k=1,
+                    words=max_words,
+                    noisy=bool(r.noisy),
+                    question=search.question if hinted else None,
+                    answers=search.answers if hinted else (),
+                )
+            )
+        digest = hashlib.sha256(repr((self.seed, "page", prompts)).encode("utf-8")).digest()
+        texts = self.backend.complete(
+            prompts,
+            max_new_tokens=budget,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=int.from_bytes(digest[:8], "little") >> 1,
+        )
+        if len(texts) != len(prompts):
+            raise SearchError(
+                f"{type(self.backend).__name__} returned {len(texts)} texts for {len(prompts)} page prompts"
+            )
+        pages = []
+        for r, text in zip(requests, texts, strict=True):
+            parsed = self.split_documents(text, 1)
+            body = parsed[0] if parsed else text.strip()
+            noisy = bool(r.noisy)
+            if not body:
+                self.stats["pages_empty"] += 1
+                body = EMPTY_RESULT_TEXT
+            elif noisy and r.answers and answer_in_text(body, r.answers):
+                self.stats["pages_relabelled"] += 1
+                noisy = False
+            pages.append(Page(title=r.document.title, text=body, noisy=noisy))
+        self.stats["pages"] += len(requests)
+        return pages
 
     def _collect(self, jobs: Sequence[_Job], texts: Sequence[str], found: list[dict[int, str]]) -> list[_Job]:
         """Put each job's parsed documents into its slots; return jobs narrowed to the slots still missing."""

@@ -157,7 +157,6 @@ def zerosim_cli():
     from typer.testing import CliRunner
 
     from zerosim.cli import app
-
     from zerosim.core import runtime
 
     def run(*args, code: int | None = 0, env=None):

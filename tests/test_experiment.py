@@ -454,7 +454,10 @@ def test_the_warm_start_key_names_everything_the_warm_start_reads():
     from zerosim.training.config import PolicyConfig
     from zerosim.training.warmstart import run_warmstart
 
-    assert WARMSTART_READS == ("warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools")
+    assert WARMSTART_READS == (
+        "warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools", "rollout.max_turns",
+        "rollout.max_page_tokens",
+    )  # fmt: skip
     assert list(inspect.signature(run_warmstart).parameters) == [
         "cfg", "policy", "seed", "tracking", "output_dir", "engine", "rollout"
     ], "run_warmstart takes a new input: key it in WARMSTART_READS (zerosim/experiment/kinds.py)"  # fmt: skip
@@ -473,7 +476,8 @@ def test_the_warm_start_key_names_everything_the_warm_start_reads():
     from zerosim.training import warmstart
 
     reads = set(re.findall(r"(?<![\w.~])rollout\.(\w+)", inspect.getsource(warmstart.build_examples)))
-    assert reads == {"protocol", "tools"}, reads
+    reads |= set(re.findall(r"(?<![\w.~])rollout\.(\w+)", inspect.getsource(warmstart._open_page)))
+    assert reads == {"protocol", "tools", "max_turns", "max_page_tokens"}, reads
     assert {f.name for f in dataclasses.fields(PolicyConfig)} == {"model", "dtype"}, (
         "a new policy setting: if the warm start reads it, add it to WARMSTART_READS"
     )
@@ -1142,3 +1146,59 @@ def test_a_stage_key_holds_the_precision_decided_and_a_record_is_read_by_the_rul
     assert _with_precision("sft", {"runtime.bf16": True, "max_steps": 9}, {"runtime.bf16": True}, bf16_cpu, recorded=False) == {"max_steps": 9}  # fmt: skip
     gpu = "NVIDIA H100 80GB HBM3 (CUDA 12.8)"
     assert _with_precision("train", {"trainer.bf16": False}, {**auto, "trainer.bf16": False}, gpu, recorded=False) == {"trainer.bf16": False}  # fmt: skip
+
+
+def test_an_arm_can_differ_by_protocol_alone(tmp_path):
+    """configs/experiments/tool-protocol-cpu.yaml: the tools arm differs from the tags arm by rollout.protocol
+    alone, starts from a warm start written in its protocol, and is evaluated rolling out as it trained; its
+    untrained row evaluates that warm start. The tags arms are the v2 ablation's stages, key for key, and its
+    export's finished ones (recorded under older key rules) are planned for import."""
+    from zerosim.experiment import build_stages, load_experiment
+    from zerosim.experiment.keys import changed_settings
+    from zerosim.experiment.transfer import plan_import
+    from zerosim.training.config import TrainConfig
+
+    presets = ROOT / "configs" / "experiments"
+    cfg = load_experiment(presets / "tool-protocol-cpu.yaml", [f"output_dir={tmp_path}"])
+    stages = build_stages(cfg, tmp_path / cfg.name)
+    by = {s.name: s for s in stages}
+    tags, tools = by["train-real-s0"].config, by["train-tools-s0"].config
+    differ = (
+        changed_settings(tools, TrainConfig, missing=None).items()
+        ^ changed_settings(tags, TrainConfig, missing=None).items()
+    )
+    assert {k for k, _ in differ} - {"run.name", "run.output_dir", "policy.model"} == {"rollout.protocol"}
+    assert by["train-real-s0"].deps == ["warmstart"] and by["train-tools-s0"].deps == ["warmstart-tools"]
+    assert tools.policy.model.endswith("/warmstart-tools/warmstart/final")
+    warm = by["warmstart-tools"]
+    assert warm.config.rollout.protocol == "tools" and warm.key != by["warmstart"].key
+    assert by["eval-tools-s1-bm25"].config.rollout.protocol == "tools"
+    assert by["eval-real-s1-bm25"].config.rollout.protocol == "tags"
+    none_tools = by["eval-none-tools-s0-bm25"]
+    assert none_tools.deps == ["warmstart-tools"] and none_tools.config.rollout.protocol == "tools"
+    assert none_tools.config.rollout.temperature == 0.0
+
+    v2 = load_experiment(presets / "curriculum-ablation-v2-cpu.yaml", [f"output_dir={tmp_path}"])
+    v2_keys = {s.name: s.key for s in build_stages(v2, tmp_path / cfg.name)}  # the same root: keys comparable
+    shared = ["warmstart", "eval-none-s0-bm25", "train-real-s0", "eval-real-s0-bm25", "train-real-s1"]
+    assert {n: by[n].key for n in shared} == {n: v2_keys[n] for n in shared}
+    planned = plan_import(stages, tmp_path / cfg.name, ROOT / "results" / v2.name, name=cfg.name)
+    assert [s.name for s in planned] == [
+        "warmstart",
+        "eval-none-s0-bm25",
+        "train-real-s0",
+        "eval-real-s0-bm25",
+        "train-real-s1",
+        "eval-real-s1-bm25",
+    ]
+
+
+def test_an_untrained_arm_takes_rollout_settings_only(tmp_path):
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment import load_experiment
+
+    preset = ROOT / "configs" / "experiments" / "tool-protocol-cpu.yaml"
+    with pytest.raises(ConfigError, match=r"arms.none-tools: an rl: false arm .*trainer.learning_rate=0.5"):
+        load_experiment(
+            preset, [f"output_dir={tmp_path}", "arms.none-tools.overrides=[trainer.learning_rate=0.5]"]
+        )

@@ -70,14 +70,14 @@ def rollout_of(tokenizer, protocol: str, **cfg):
 
 
 def test_every_tool_of_the_table_has_a_schema_an_executor_and_its_bounds():
-    assert set(TOOLS) >= {"search"}
+    assert set(TOOLS) >= {"search", "read_page"}
     for name, tool in TOOLS.items():
         assert (
             tool.name == name and tool.description and tool.noise and tool.reply_tokens.startswith("rollout.")
         )
         assert callable(getattr(SearchRollout, f"execute_{name}", None)), name
         assert tool.schema()["function"]["parameters"]["additionalProperties"] is False
-    with pytest.raises(ValueError, match=r"not tools; the tools are \['search'"):
+    with pytest.raises(ValueError, match=r"not tools; the tools are \['read_page', 'search'\]"):
         tools_named(["search", "browse"])
 
 

@@ -36,11 +36,59 @@ class SearchConfig:
     mixed: MixedConfig = field(default_factory=MixedConfig)
     # a cross-encoder over the real retriever (bm25, dense, hybrid, http; mixed's real part)
     rerank: RerankConfig = field(default_factory=RerankConfig)
+    # the read_page tool over a corpus: which passages make one page — title (those sharing a title: an article) | id (ids {doc}-{n}: the embedded factbook's country sections) | auto (id for the embedded corpus, else title)
+    page_by: str = "auto"
 
     def validate(self, prefix: str) -> None:
         """A reranker needs a real retriever under it: the simulator writes its documents, it ranks none."""
+        if self.page_by not in PAGE_BY:
+            raise ConfigError(f"{prefix}page_by={self.page_by!r}: one of {', '.join(PAGE_BY)}")
         if self.engine == EngineName.simulator and self.rerank.model is not None:
             raise ConfigError(rerank_refusal(prefix))
+
+
+PAGE_BY = ("auto", "title", "id")
+
+
+def page_grouping(cfg: SearchConfig) -> str:
+    """``search.page_by`` resolved: ``title`` or ``id`` (:class:`zerosim.core.pages.CorpusPages`)."""
+    if cfg.page_by != "auto":
+        return cfg.page_by
+    kind = real_kind(cfg)
+    corpora = [getattr(cfg, part).corpus for part in ("bm25", "dense") if part in (kind, "hybrid")]
+    return "id" if corpora and all(c == EMBEDDED_DATA for c in corpora) else "title"
+
+
+def check_pages(cfg: SearchConfig, rollout, prefix: str = "", engine: str | None = None) -> None:
+    """Refuse ``read_page`` among ``rollout.tools`` over an engine with no pages (an HTTP search server, or
+    mixed search over one), before anything loads; ``engine``: another engine than ``search.engine`` (e.g.
+    validation's)."""
+    if str(rollout.protocol) != "tools" or "read_page" not in rollout.tools:
+        return
+    name = _engine_name(engine or cfg.engine)
+    real = _engine_name(cfg.mixed.real) if name == EngineName.mixed else name
+    if real == EngineName.http:
+        raise ConfigError(
+            f"{prefix}rollout.tools offers read_page, but search over {name} "
+            f"({'its real part ' if name == EngineName.mixed else ''}an HTTP search server) has no pages to open: "
+            "use bm25, dense, hybrid or the simulator (or mixed over those), or drop read_page from "
+            f"{prefix}rollout.tools"
+        )
+
+
+def reading_pages(engine: SearchEngine, cfg: SearchConfig, prefix: str = "search."):
+    """The pages behind ``engine``'s results for the read_page tool (:func:`zerosim.core.pages.page_reader`);
+    an engine with none is refused, naming the engines that have them."""
+    from zerosim.core.pages import page_reader
+
+    reader = page_reader(engine, by=page_grouping(cfg))
+    if reader is None:
+        raise ConfigError(
+            f"rollout.tools offers read_page, but {prefix}engine={cfg.engine} has no pages to open (an HTTP search "
+            "server returns passages only). Use an engine with pages — bm25, dense, hybrid (the corpus's "
+            "documents), simulator (pages it writes) or mixed of those — or drop read_page from rollout.tools"
+        )
+    return reader
 
 
 def rerank_refusal(prefix: str = "search.") -> str:

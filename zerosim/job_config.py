@@ -21,7 +21,11 @@ class EvalConfig(HarnessConfig):
     search: SearchConfig = field(default_factory=lambda: SearchConfig(engine=EngineName.bm25))
 
     def validate(self, prefix: str) -> None:
-        """An evaluation trains nothing, so it has no model of its own to log (``tracking.log_model``)."""
+        """An evaluation trains nothing, so it has no model of its own to log (``tracking.log_model``); a
+        read_page tool needs an engine with pages."""
+        from zerosim.engines import check_pages
+
+        check_pages(self.search, self.rollout, prefix)
         refuse_log_model(
             self.tracking,
             prefix,

@@ -34,7 +34,7 @@ from typing import Any
 
 from zerosim.agent.protocol import extract_answer, parse_action
 from zerosim.agent.step_rewards import search_step_rewards
-from zerosim.agent.tools import INVALID_KINDS, InvalidCall, parse_tool_calls, tools_named
+from zerosim.agent.tools import INVALID_KINDS, InvalidCall, ToolCall, parse_tool_calls, tools_named
 from zerosim.core.config import ranged
 from zerosim.core.distributed import SingleProcess
 from zerosim.core.generation import Generation, HFGenerator
@@ -65,6 +65,8 @@ class RolloutConfig:
     max_new_tokens: int = ranged(128, ">=1")
     # tokens of retrieved documents kept per <information> block
     max_obs_tokens: int = ranged(256, ">=1")
+    # protocol=tools with read_page: tokens of a page kept per reply
+    max_page_tokens: int = ranged(384, ">=1")
     # hard cap on one trajectory's completion (policy + observations)
     max_completion_tokens: int = ranged(768, ">=1")
     # policy sampling temperature
@@ -114,6 +116,16 @@ SOURCE_GROUPS = (
 )  # a trajectory's searches: all real, all simulated, mixed, none
 
 
+def page_text(page) -> str:
+    """A :class:`~zerosim.core.pages.Page` as ``read_page``'s reply shows it (before clipping)."""
+    return f"Page (Title: {page.title})\n{page.text}"
+
+
+def page_words(config: RolloutConfig) -> int:
+    """The words asked of a page: about what ``rollout.max_page_tokens`` holds."""
+    return max(1, int(config.max_page_tokens * 0.75))
+
+
 def build_prompt(question: str) -> str:
     """The user message that asks the policy to answer ``question`` with the search protocol."""
     return INSTRUCTION.format(question=question.strip())
@@ -145,6 +157,13 @@ class Trajectory:
     sources: list[str] = field(default_factory=list)  # search.engine=mixed: per search, "real" or "sim"
     tool_calls: int = 0  # protocol=tools: calls made (valid or not)
     invalid_calls: Counter = field(default_factory=Counter)  # protocol=tools: per kind (tools.INVALID_KINDS)
+    pages: int = 0  # read_page: pages opened
+    noisy_pages: int = 0  # read_page: of them, written noisy by the simulator
+
+    @property
+    def results(self) -> list[Document]:
+        """Every search result shown, numbered from 1 in this order (what ``read_page``'s ``doc`` names)."""
+        return [d for docs in self.search_docs for d in docs]
 
     @property
     def done(self) -> bool:
@@ -229,6 +248,8 @@ class SearchRollout:
         source: SourceFn | None = None,
         step_metrics: Callable[[int], Mapping[str, float]] | None = None,
         step_rewards: tuple[float, float] | None = None,
+        pages: Any = None,
+        page_by: str = "title",
     ):
         self.tokenizer = tokenizer
         self.engine = engine
@@ -253,6 +274,16 @@ class SearchRollout:
                 )
             self.tool_tokens = ToolTokens(tokenizer, list(self.offered.values()), config.max_obs_tokens)
             self.eos_ids = [self.tool_tokens.eos_id]
+            if "read_page" in self.offered and pages is None:
+                from zerosim.core.pages import page_reader
+
+                pages = page_reader(engine, by=page_by)
+                if pages is None:
+                    raise ValueError(
+                        f"rollout.tools offers read_page, but the search engine ({type(engine).__name__}) has no "
+                        "pages to open: use bm25, dense, hybrid, simulator or mixed, or drop read_page"
+                    )
+        self.pages = pages  # read_page: the pages behind the engine's results (zerosim.core.pages)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         if self.tool_tokens is not None:  # the question with the tools' schemas, in the chat template
@@ -448,6 +479,19 @@ class SearchRollout:
                     "give the answer now",
                     call.name,
                 )
+            elif (
+                isinstance(call, ToolCall)
+                and call.name == "read_page"
+                and call.arguments["doc"] > len(traj.results)
+            ):
+                shown = len(traj.results)
+                call = InvalidCall(
+                    "no_such_result",
+                    f"there is no Doc {call.arguments['doc']}: "
+                    + (f"the results so far are Doc 1 to Doc {shown}" if shown else "search first")
+                    + " (a page opens a result of an earlier turn)",
+                    call.name,
+                )
             budgeted.append(call)
         if any(isinstance(c, InvalidCall) for c in budgeted):
             traj.invalid_actions += 1
@@ -488,8 +532,50 @@ class SearchRollout:
     def execute_search(self, calls: list[tuple[Trajectory, Any]], step: int) -> list[str]:
         """The ``search`` tool: the engine's documents for each query, formatted as under tags, clipped to
         ``rollout.max_obs_tokens``."""
+        shown = {id(t): len(t.results) for t, _ in calls}  # results before this turn's searches
         docs = self._run_searches([(t, c.arguments["query"].strip()) for t, c in calls], step)
-        return [self.tool_tokens.clip(format_documents(d)) for d in docs]
+        out = []
+        for (t, _), d in zip(calls, docs, strict=True):
+            # with read_page offered, results are numbered across the trajectory: Doc n is what it opens
+            start = shown[id(t)] + 1 if self.pages is not None else 1
+            shown[id(t)] += len(d)
+            out.append(self.tool_tokens.clip(format_documents(d, start=start)))
+        return out
+
+    def execute_read_page(self, calls: list[tuple[Trajectory, Any]], step: int) -> list[str]:
+        """The ``read_page`` tool: the page of result ``doc`` (numbered across the trajectory's searches), from
+        the engine's pages (:mod:`zerosim.core.pages`), noisy under the simulator as the curriculum draws for
+        the trajectory's n-th page; clipped to ``rollout.max_page_tokens``."""
+        from zerosim.core.pages import PageRequest
+
+        if not calls:
+            return []
+        page_draw = getattr(self.noise, "page", None)
+        opened: Counter = Counter()
+        requests = []
+        for t, c in calls:
+            n = t.pages + opened[id(t)]
+            opened[id(t)] += 1
+            requests.append(
+                PageRequest(
+                    document=t.results[int(c.arguments["doc"]) - 1],
+                    question=t.question,
+                    answers=t.answers,
+                    noisy=None if page_draw is None else page_draw(step, t.index, n),
+                )
+            )
+        pages = self.pages.read_pages(requests, page_words(self.config))
+        if len(pages) != len(requests):
+            raise SearchError(f"the page reader answered {len(pages)} pages for {len(requests)} requests")
+        out = []
+        for (t, c), page in zip(calls, pages, strict=True):
+            if not page.text.strip():
+                raise SearchError(f"the page of result {c.arguments['doc']} ({page.title!r}) came back empty")
+            t.pages += 1
+            t.noisy_pages += page.noisy is True
+            t.events.append({"page": c.arguments["doc"], "title": page.title, "noisy": page.noisy})
+            out.append(self.tool_tokens.clip(page_text(page), self.config.max_page_tokens))
+        return out
 
     # -- reporting -----------------------------------------------------------------------------------------
     def metrics(
@@ -536,6 +622,16 @@ class SearchRollout:
             "tools/calls_per_traj": calls / n,
             "tools/invalid_call_share": call_kinds / calls if calls else 0.0,
             **{f"tools/invalid/{kind}": float(invalid[kind]) for kind in INVALID_KINDS},
+            **(self.page_metrics(trajectories) if self.pages is not None else {}),
+        }
+
+    @staticmethod
+    def page_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """``tools/pages_per_traj`` and, of the pages opened, the share the simulator wrote noisy."""
+        pages = sum(t.pages for t in trajectories)
+        return {
+            "tools/pages_per_traj": pages / max(len(trajectories), 1),
+            "search/noisy_page_share": sum(t.noisy_pages for t in trajectories) / pages if pages else 0.0,
         }
 
     def source_metrics(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -82,12 +82,13 @@ class ToolTokens:
         """System instructions + the tools' schemas + the question, ready for the assistant's first token."""
         return self.render(self.messages(question), generation_prompt=True)
 
-    def clip(self, text: str) -> str:
-        """``text`` cut to ``max_reply_tokens`` tokens."""
+    def clip(self, text: str, max_tokens: int | None = None) -> str:
+        """``text`` cut to ``max_tokens`` tokens (``max_reply_tokens`` where None)."""
+        limit = self.max_reply_tokens if max_tokens is None else max_tokens
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= self.max_reply_tokens:
+        if len(ids) <= limit:
             return text
-        return self.tokenizer.decode(ids[: self.max_reply_tokens], skip_special_tokens=True)
+        return self.tokenizer.decode(ids[:limit], skip_special_tokens=True)
 
     def reply(self, replies: Sequence[tuple[str, str]]) -> list[int]:
         """The tokens after a turn the policy closed with its end-of-turn token: the ``tool`` messages

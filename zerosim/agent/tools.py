@@ -75,6 +75,30 @@ TOOLS: dict[str, Tool] = {
         noise="per result slot, as <search> under tags: the curriculum's pattern of (step, trajectory, search)",
         reply_tokens="rollout.max_obs_tokens",
     ),
+    "read_page": Tool(
+        name="read_page",
+        description=(
+            "Open a search result and read its whole page. doc is the result's number, as in 'Doc 2' of an "
+            "earlier search's reply."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "doc": {"type": "integer", "minimum": 1, "description": "The number of the result to open."}
+            },
+            "required": ["doc"],
+            "additionalProperties": False,
+        },
+        noise=(
+            "a corpus page is the real document (no noise); a simulated page is written useful or noisy by its "
+            "own curriculum draw of (seed, step, trajectory, page number): curricula.noise.page_noise"
+        ),
+        reply_tokens="rollout.max_page_tokens",
+        invalid_cost=(
+            "the turn is invalid (a doc no earlier search returned: tools/invalid/no_such_result): its reply says "
+            "why, and the format reward is lost"
+        ),
+    ),
 }
 
 
@@ -100,6 +124,7 @@ INVALID_KINDS = (
     "bad_arguments",  # missing, extra or wrong-typed arguments (the tool's schema)
     "over_budget",  # past rollout.max_tool_calls for the trajectory
     "unclosed_call",  # <tool_call> without its </tool_call>
+    "no_such_result",  # read_page of a result number no earlier search returned
     "no_action",  # a message with neither a tool call nor an <answer>
 )
 

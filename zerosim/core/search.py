@@ -84,6 +84,7 @@ class SearchEngine(Protocol):
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]: ...
 
 
-def format_documents(docs: Sequence[Document]) -> str:
-    """Render documents the way Search-R1 policies read them: ``Doc i (Title: t) text``, one per line."""
-    return "\n".join(f"Doc {i} (Title: {d.title}) {d.text}" for i, d in enumerate(docs, start=1))
+def format_documents(docs: Sequence[Document], start: int = 1) -> str:
+    """Render documents the way Search-R1 policies read them: ``Doc i (Title: t) text``, one per line, numbered
+    from ``start``."""
+    return "\n".join(f"Doc {i} (Title: {d.title}) {d.text}" for i, d in enumerate(docs, start=start))

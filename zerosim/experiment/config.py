@@ -50,7 +50,7 @@ class SimulatorStageConfig:
 class ArmConfig:
     # train overrides on the base recipe; {simulator} = the simulator
     overrides: list[str] = field(default_factory=list)
-    # false: no RL, the shared warm start is evaluated as it is
+    # false: no RL, the warm start is evaluated as it is (overrides: rollout.* only; rollout.protocol / rollout.tools pick which warm start)
     rl: bool = True
     # false: leave the arm out of this experiment
     enabled: bool = True
@@ -219,6 +219,14 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
             raise ConfigError(
                 f"report.pairs entry {pair!r} must be ARM:AGAINST, two different enabled arms "
                 f"({', '.join(arms)}), e.g. report.pairs=[sim-curriculum:sim-fixed-matched]"
+            )
+    for name, arm in arms.items():
+        fixed = [o for o in arm.overrides if not o.split("=", 1)[0].strip().startswith("rollout.")]
+        if not arm.rl and fixed:
+            raise ConfigError(
+                f"arms.{name}: an rl: false arm evaluates a warm start as it is, so its overrides may only say how "
+                f"it rolls out (rollout.*: rollout.protocol and rollout.tools pick the warm start), not {fixed}; "
+                "drop them, or make it a trained arm"
             )
     if not cfg.seeds:
         raise ConfigError("seeds is empty: give at least one, e.g. seeds=[0]")

@@ -131,7 +131,23 @@ def _quality(stage: Stage, ctx: RunContext) -> dict[str, Any]:
 
 # what _warmstart hands run_warmstart (where runs are logged aside): the rest of the train config is the RL job's
 # rollout.protocol/tools: the protocol its demonstrations are written in (defaults: tags, a key as before)
-WARMSTART_READS = ("warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools")
+WARMSTART_READS = (
+    "warmstart.",
+    "policy.model",
+    "run.seed",
+    "rollout.protocol",
+    "rollout.tools",
+    "rollout.max_turns",
+    "rollout.max_page_tokens",
+)
+# of those, what only demonstrations that open pages read (read_page offered under tools): inert otherwise
+READ_PAGE_SETTINGS = ("rollout.max_turns", "rollout.max_page_tokens")
+
+
+def _warmstart_inert(leaves: dict[str, Any]) -> tuple[str, ...]:
+    """The warm start reads the turn budget and the page budget only to write demonstrations that open pages."""
+    reading = leaves.get("rollout.protocol") == "tools" and "read_page" in (leaves.get("rollout.tools") or ())
+    return () if reading else READ_PAGE_SETTINGS
 
 
 def _warmstart(stage: Stage, ctx: RunContext) -> dict[str, Any]:
@@ -283,7 +299,12 @@ def describe_arms(cfg: ExperimentConfig, stages: Sequence[Stage]) -> dict[str, s
     out = {}
     for name, arm in cfg.enabled_arms().items():
         if not arm.rl:
-            out[name] = "no RL: the shared warm start (or the base policy) as it is"
+            rollout = ", ".join(f"`{o}`" for o in arm.overrides)
+            out[name] = (
+                f"no RL: the warm start for {rollout} as it is, rolled out so"
+                if rollout
+                else "no RL: the shared warm start (or the base policy) as it is"
+            )
             continue
         train = next((s for s in stages if s.kind == Kind.train and s.meta.get("arm") == name), None)
         out[name] = ", ".join(f"`{o}`" for o in train.changes) if train and train.changes else "nothing"
@@ -423,6 +444,7 @@ KINDS: dict[Kind, StageKind] = {
         units=lambda c: c.warmstart.max_steps,
         describe=lambda s: f"{s.config.policy.model}, {s.config.warmstart.max_steps} steps",
         keyed_on=WARMSTART_READS,
+        inert=_warmstart_inert,
     ),
     Kind.train: StageKind(
         job="zerosim train",

@@ -5,10 +5,12 @@ walk. It is written as the experiment's steps, each adding its stages and saying
 starts from (a :class:`Source`: a model, and the stages that produce it):
 
 1. the simulator — collect → SFT → DPO → quality (none when ``simulator.model`` names one);
-2. the shared warm start (none when the base recipe turns it off);
-3. one training stage per arm × seed, from the warm start (``rl: false`` arms take the warm start as it is,
-   evaluated once);
-4. every arm's policy evaluated with each real engine, and the untrained policy's baselines;
+2. the shared warm start (none when the base recipe turns it off), and one more per agent shape an arm asks
+   for (``rollout.protocol`` / ``rollout.tools``: the warm start's demonstrations are written in its protocol);
+3. one training stage per arm × seed, from its shape's warm start (``rl: false`` arms take the warm start as it
+   is, evaluated once);
+4. every arm's policy evaluated with each real engine, rolling out as the arm trained (its protocol and
+   tools), and the untrained policy's baselines;
 5. the report, over every eval stage.
 
 Each policy's evaluation runs right after the stage that produces it (:func:`_run_order`).
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from simulators.config import SimulatorEvalConfig, SimulatorTrainConfig
+from zerosim.agent.rollout import RolloutConfig
 from zerosim.core.config import EMBEDDED_MODEL, ConfigError, load_config
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName
@@ -50,9 +53,9 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
     logged = (
         replace(warm, tracking=replace(warm.tracking, log_model=True)) if cfg.tracking.log_model else warm
     )
-    start = _warmstart(logged, root, stages)
-    policies = _arms(cfg, root, base, warm, start, simulator, stages)
-    _evals(cfg, root, warm, policies, stages)
+    starts = WarmStarts(cfg, base, logged, root, stages)
+    policies, rollouts = _arms(cfg, root, base, warm, starts, simulator, stages)
+    _evals(cfg, root, warm, policies, rollouts, stages)
     _baselines(cfg, root, warm, stages)
     stages = _run_order(stages)
     evals = [s.name for s in stages if s.kind == Kind.eval]
@@ -155,15 +158,59 @@ def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source
     return simulator
 
 
-# -- 2. the warm start ---------------------------------------------------------------------------------------
-def _warmstart(warm: TrainConfig, root: Path, stages: list[Stage]) -> Source:
-    """One warm start shared by every arm; when the base recipe (or ``warmstart``) turns it off, every arm
-    starts from the base policy."""
-    if not warm.warmstart.enabled:
-        return Source(warm.policy.model)
-    stage = Stage("warmstart", Kind.warmstart, warm, [])
-    stages.append(stage)
-    return Source(str(stage.dir(root) / "warmstart" / "final"), (stage.name,))
+# -- 2. the warm starts --------------------------------------------------------------------------------------
+def agent_shape(train: TrainConfig) -> tuple[str, tuple[str, ...]]:
+    """What a warm start's demonstrations depend on besides its own settings: the protocol they are written in
+    and, under ``tools``, the tools the prompt offers."""
+    from zerosim.agent.rollout import Protocol
+
+    protocol = Protocol(train.rollout.protocol)
+    return protocol.value, () if protocol == Protocol.tags else tuple(train.rollout.tools)
+
+
+class WarmStarts:
+    """The warm start shared by every arm of the base recipe's agent shape (:func:`agent_shape`), and one per
+    other shape an arm asks for, made on first request: ``warmstart`` and, e.g., ``warmstart-tools``. When the
+    base recipe (or ``warmstart``) turns the warm start off, every arm starts from the base policy."""
+
+    def __init__(self, cfg: ExperimentConfig, base: Path, warm: TrainConfig, root: Path, stages: list[Stage]):
+        self.cfg, self.base, self.warm, self.root, self.stages = cfg, base, warm, root, stages
+        self.made: dict[tuple[str, tuple[str, ...]], Source] = {}
+        self.shared = self._stage("warmstart", warm) if warm.warmstart.enabled else Source(warm.policy.model)
+        self.made[agent_shape(warm)] = self.shared
+
+    def _stage(self, name: str, warm: TrainConfig) -> Source:
+        stage = Stage(name, Kind.warmstart, warm, [])
+        self.stages.append(stage)
+        return Source(str(stage.dir(self.root) / "warmstart" / "final"), (stage.name,))
+
+    def of(self, train: TrainConfig, where: str) -> Source:
+        """The warm start an arm training as ``train`` starts from."""
+        from zerosim.training.warmstart import warmstart_folder
+
+        shape = agent_shape(train)
+        if shape not in self.made:
+            protocol, tools = shape
+            name = warmstart_folder(train)
+            name = "warmstart-tags" if name == "warmstart" else name  # the shared one's name is taken
+            overrides = [
+                f"rollout.protocol={protocol}",
+                *([f"rollout.tools=[{','.join(tools)}]"] if tools else []),
+            ]
+            warm = _train_config(
+                self.cfg,
+                self.base,
+                [
+                    *self.cfg.warmstart,
+                    *overrides,
+                    f"run.output_dir={self.root / 'stages'}",
+                    f"run.name={name}",
+                ],
+                where,
+            )
+            warm = replace(warm, tracking=self.warm.tracking)
+            self.made[shape] = self._stage(name, warm)
+        return self.made[shape]
 
 
 # -- 3. the arms ---------------------------------------------------------------------------------------------
@@ -188,12 +235,6 @@ def _with_mean(overrides: Sequence[str], recipe: TrainConfig) -> list[str]:
     return [o.replace(CURRICULUM_MEAN, mean) for o in overrides]
 
 
-def _trains_on_simulator(cfg: ExperimentConfig, base: Path, overrides: Sequence[str], name: str) -> bool:
-    """Whether an arm's searches are answered (in part) by the simulator: its search.engine, resolved."""
-    engine = _train_config(cfg, base, overrides, f"arms.{name}").search.engine
-    return EngineName(engine).simulated
-
-
 def _simulator_settings(cfg: ExperimentConfig, overrides: Sequence[str], simulator: Source) -> list[str]:
     """What an arm that trains against the simulator is given: the experiment's simulator (unless the arm
     names one), ZeroSearch's prompt layout for one of their released simulators (unless the arm picks a
@@ -214,28 +255,36 @@ def _arms(
     root: Path,
     base: Path,
     recipe: TrainConfig,
-    start: Source,
+    starts: WarmStarts,
     simulator: Source,
     stages: list[Stage],
-) -> dict[tuple[str, int], Source]:
-    """A training stage per enabled arm and seed; returns each (arm, seed)'s policy. ``recipe``: the base
-    recipe with the experiment's overrides (its curriculum is what :data:`CURRICULUM_MEAN` averages)."""
+) -> tuple[dict[tuple[str, int], Source], dict[str, RolloutConfig]]:
+    """A training stage per enabled arm and seed; returns each (arm, seed)'s policy and each arm's rollout
+    settings (what its evaluation rolls out with). ``recipe``: the base recipe with the experiment's overrides
+    (its curriculum is what :data:`CURRICULUM_MEAN` averages)."""
     policies: dict[tuple[str, int], Source] = {}
-    # what each arm changes, resolved once (the same for every seed)
-    resolved: dict[str, tuple[list[str], bool]] = {}
+    rollouts: dict[str, RolloutConfig] = {}
+    # what each arm changes and the warm start it starts from, resolved once (the same for every seed)
+    resolved: dict[str, tuple[list[str], bool, Source]] = {}
     for name, arm in cfg.enabled_arms().items():
+        changes = _with_mean(arm.overrides, recipe)
+        named = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
+        shaped = _train_config(cfg, base, named, f"arms.{name}")
+        rollouts[name] = shaped.rollout
+        start = starts.of(shaped, f"arms.{name}")
         if arm.rl:
-            changes = _with_mean(arm.overrides, recipe)
-            uses_simulator = arm.uses_simulator or _trains_on_simulator(cfg, base, changes, name)
+            uses_simulator = arm.uses_simulator or EngineName(shaped.search.engine).simulated
             if uses_simulator:
                 changes += _simulator_settings(cfg, changes, simulator)
-            resolved[name] = changes, uses_simulator
+        else:
+            uses_simulator = False
+        resolved[name] = changes, uses_simulator, start
     # seed by seed: an experiment stopped part-way has the same seeds of every arm
     for seed, (name, arm) in ((s, a) for s in cfg.seeds for a in cfg.enabled_arms().items()):
+        changes, uses_simulator, start = resolved[name]
         if not arm.rl:  # one policy, evaluated greedily: once, not once per seed
             policies.setdefault((name, cfg.seeds[0]), start)
             continue
-        changes, uses_simulator = resolved[name]
         overrides = [o.replace(SIMULATOR_PLACEHOLDER, simulator.model or EMBEDDED_MODEL) for o in changes]
         stage_name = f"train-{name}-s{seed}"
         out = root / "stages" / stage_name
@@ -257,7 +306,7 @@ def _arms(
         stage = Stage(stage_name, Kind.train, train, deps, meta={"arm": name, "seed": seed}, changes=changes)
         stages.append(stage)
         policies[(name, seed)] = Source(str(out / name / "final"), (stage_name,))
-    return policies
+    return policies, rollouts
 
 
 def _logging_model(train: TrainConfig, cfg: ExperimentConfig, name: str) -> TrainConfig:
@@ -301,8 +350,10 @@ def _eval_config(
     method: str,
     engine: str,
     stage_name: str,
+    rollout: RolloutConfig | None = None,
 ) -> EvalConfig:
-    """``zerosim eval`` of ``policy``, searching and rolling out as the base recipe (``recipe``) does, greedily."""
+    """``zerosim eval`` of ``policy``, searching as the base recipe (``recipe``) does and rolling out as
+    ``rollout`` (an arm's; the recipe's where None), greedily."""
     e = cfg.eval
     for o in e.overrides:  # the settings set below from the recipe and the experiment: not silently dropped
         key = o.split("=", 1)[0].strip()
@@ -329,7 +380,7 @@ def _eval_config(
         ev,
         datasets=list(e.datasets),
         search=replace(copy.deepcopy(recipe.search), engine=engine),
-        rollout=replace(recipe.rollout, temperature=0.0),
+        rollout=replace(rollout or recipe.rollout, temperature=0.0),
         tracking=_tracked(ev.tracking, cfg),
         runtime=cfg.runtime,
     )
@@ -340,13 +391,16 @@ def _evals(
     root: Path,
     recipe: TrainConfig,
     policies: dict[tuple[str, int], Source],
+    rollouts: dict[str, RolloutConfig],
     stages: list[Stage],
 ) -> None:
-    """Every arm's policy (``method=agent``) with each real engine."""
+    """Every arm's policy (``method=agent``) with each real engine, rolling out as the arm trained."""
     for (name, seed), policy in policies.items():
         for engine in cfg.eval.engines:
             stage_name = f"eval-{name}-s{seed}-{engine}"
-            config = _eval_config(cfg, root, recipe, policy.model, "agent", engine, stage_name)
+            config = _eval_config(
+                cfg, root, recipe, policy.model, "agent", engine, stage_name, rollouts[name]
+            )
             meta = {"arm": name, "seed": seed, "engine": engine, "method": "agent"}
             stages.append(Stage(stage_name, Kind.eval, config, list(policy.deps), meta=meta))
 

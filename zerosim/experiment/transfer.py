@@ -232,13 +232,14 @@ def _exported_record(stage: Stage, src: Path) -> dict[str, Any]:
     return record
 
 
-def _same_work(stage: Stage, record: dict[str, Any], root: Path) -> bool:
-    """Whether another experiment's stage record did this stage's work: the same key, or — for a stage that
-    reads no other stage — the key today's rules give its recorded settings (a warm start exported before its key
-    left out the RL recipe it shares a config with)."""
+def _same_work(stage: Stage, record: dict[str, Any], view: Path, stages: Mapping[str, Stage]) -> bool:
+    """Whether another experiment's stage record did this stage's work: the same key, or the key today's rules
+    give its recorded settings and the exported records of the stages it read (``view``: this experiment's root
+    with the export's stages in it) — a warm start exported before its key left out the RL recipe it shares a
+    config with, an arm and its evaluation recorded before a key rule changed."""
     if record.get("key") == stage.key:
         return True
-    return not stage.deps and not record.get("deps") and recorded_key(stage, record, root, {}) == stage.key
+    return recorded_key(stage, record, view, stages) == stage.key
 
 
 def _within_manifest(src: Path, files: list[Path], listing: Any, manifest: Path) -> int:
@@ -276,15 +277,23 @@ def _plan(
     foreign = exported["experiment"] != name
     known = {s.name: s for s in stages}
     coming = []
-    for stage_name in exported["stages"]:
-        stage, src = known.get(stage_name), source / stage_name
-        if stage is None or stage_name in taken or read_stage(stage, root) is not None:
-            continue  # not a stage of this config, brought by an earlier --import, or finished here already
-        if not src.is_symlink() and not (src / STAGE_FILE).is_file():
-            continue  # not in this copy of the export
-        if foreign and not src.is_symlink() and not _same_work(stage, _exported_record(stage, src), root):
-            continue  # the same name for other work
-        coming.append(stage)
+    present = {
+        n: source / n for n in exported["stages"] if n in known and (source / n / STAGE_FILE).is_file()
+    }
+    with preview(stages, root, present) as view:
+        for stage_name in exported["stages"]:
+            stage, src = known.get(stage_name), source / stage_name
+            if stage is None or stage_name in taken or read_stage(stage, root) is not None:
+                continue  # not a stage of this config, brought by an earlier --import, or finished here already
+            if not src.is_symlink() and not (src / STAGE_FILE).is_file():
+                continue  # not in this copy of the export
+            if (
+                foreign
+                and not src.is_symlink()
+                and not _same_work(stage, _exported_record(stage, src), view, known)
+            ):
+                continue  # the same name for other work
+            coming.append(stage)
     files, total, listed = {}, 0, exported.get("files")
     for stage in coming:  # regular files only, and only those the manifest lists
         src = source / stage.name

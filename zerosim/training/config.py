@@ -284,6 +284,11 @@ class TrainConfig:
                     f"{prefix}validation.data and {prefix}validation.max_examples for its questions), or drop "
                     f"{prefix}{what.split('=')[0]}"
                 )
+        from zerosim.engines import check_pages
+
+        check_pages(self.search, self.rollout, prefix)
+        if self.validation.every and self.validation.engine != "train":
+            check_pages(self.search, self.rollout, prefix, engine=self.validation.engine)
         if self.tracking.log_model and not self.trainer.save_final:
             raise ConfigError(
                 f"{prefix}tracking.log_model=true logs the final policy checkpoint, but "

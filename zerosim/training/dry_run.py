@@ -92,6 +92,7 @@ def _protocol(cfg) -> list[tuple[str, str]]:
     from zerosim.agent.tool_format import tools_template
     from zerosim.agent.tools import tools_named
     from zerosim.core.models import load_tokenizer, resolve_model
+    from zerosim.engines import page_grouping
 
     tools = tools_named(r.tools)
     tokenizer = load_tokenizer(resolve_model(cfg.policy.model))
@@ -101,7 +102,13 @@ def _protocol(cfg) -> list[tuple[str, str]]:
         (
             "protocol",
             f"tools: <tool_call> JSON calls rendered by {own}, <= {r.max_tool_calls} calls per trajectory, "
-            "the answer between <answer> and </answer>",
+            "the answer between <answer> and </answer>"
+            + (
+                f"; pages <= {r.max_page_tokens} tokens, a corpus's grouped by {page_grouping(cfg.search)} "
+                "(search.page_by)"
+                if "read_page" in r.tools
+                else ""
+            ),
         ),
         *((f"tool {t.name}", json.dumps(t.schema()["function"], ensure_ascii=False)) for t in tools),
     ]

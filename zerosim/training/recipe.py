@@ -34,7 +34,7 @@ from zerosim.core.tracking import (
     mlflow_run,
     trainer_mlflow_callback,
 )
-from zerosim.engines import build_search_engine, curriculum_adds_noise
+from zerosim.engines import build_search_engine, curriculum_adds_noise, page_grouping
 from zerosim.training.algorithms import algorithm_args, spec_of
 from zerosim.training.checkpoint import (  # noqa: F401 (STATE_FILE, last_complete_checkpoint: public here too)
     RUN_FILE,
@@ -305,6 +305,9 @@ def build_validation(cfg: TrainConfig, questions, engine, tokenizer, resources: 
         tokenizer=tokenizer,
         seed=cfg.run.seed,
         answers_shown=answers_shown,
+        page_by=page_grouping(
+            dataclasses.replace(cfg.search, engine=v.engine) if v.engine != "train" else cfg.search
+        ),
     )
 
 
@@ -436,6 +439,7 @@ def _rollout(cfg: TrainConfig, tokenizer, engine, examples, schedule) -> TRLRoll
             **({} if mixed is None else {"mixed/real_share": mixed.real_share(step)}),
         },
         step_rewards=step_weights(cfg),
+        page_by=page_grouping(cfg.search),
     )
     return TRLRollout(
         loop,

@@ -74,6 +74,7 @@ class Validation(TrainerCallback):
         tokenizer,
         seed: int = 0,
         answers_shown: bool = False,
+        page_by: str = "title",
     ):
         """``answers_shown`` lets the engine see the questions' gold answers (the explicit, logged override
         ``search.simulator.pass_answers=true``); by default they are withheld, as at evaluation."""
@@ -93,6 +94,7 @@ class Validation(TrainerCallback):
             examples={build_prompt(ex.question): (ex.question, ex.golden_answers) for ex in self.examples},
             # the engine as it is (no curriculum noise); a mixed engine's sources drawn as in training
             source=getattr(find_mixed(engine), "draw_source", None),
+            page_by=page_by,  # read_page: how the corpus's passages make pages (search.page_by)
         )
         self.history: list[dict[str, float]] = []
         self.last_rows: list[dict[str, Any]] = []

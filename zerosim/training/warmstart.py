@@ -31,6 +31,10 @@ _THINK_BEFORE = (
     "I am not sure about {topic}, so I will search.",
     "To answer, I should look up {topic}.",
 )
+_THINK_OPEN = (
+    "Doc {doc} may say more. Let me read its page.",
+    "I will open Doc {doc} to read the whole page.",
+)
 _THINK_AFTER = (
     "The documents say the answer is {answer}.",
     "According to the information, it is {answer}.",
@@ -41,6 +45,23 @@ _THINK_AFTER = (
 def _topic(question: str) -> str:
     q = question.strip().rstrip("?").strip()
     return q[0].lower() + q[1:] if q else q
+
+
+def _open_page(ex, docs, pages, tool_tokens, rollout, tokenizer):
+    """``(result number, the read_page reply's tokens, the gold answers it holds)`` for the first of ``docs`` whose
+    page, clipped as the rollout clips it, holds a gold answer; None where none does."""
+    from zerosim.agent.rollout import page_text, page_words
+    from zerosim.core.metrics import answer_in_text
+    from zerosim.core.pages import PageRequest
+
+    for i, page in enumerate(
+        pages.read_pages([PageRequest(document=d) for d in docs], page_words(rollout)), 1
+    ):
+        text = tool_tokens.clip(page_text(page), rollout.max_page_tokens)
+        found = [a for a in ex.golden_answers if answer_in_text(text, [a])]
+        if found:
+            return i, tool_tokens.reply([("read_page", text)]), found
+    return None
 
 
 def build_examples(
@@ -55,6 +76,7 @@ def build_examples(
     grounded: bool = False,
     limit: int | None = None,
     rollout=None,
+    pages=None,
 ) -> list[dict[str, list[int]]]:
     """Tokenised trajectories with ``labels`` = ``IGNORE_INDEX`` on the prompt and on every observation token.
 
@@ -62,7 +84,10 @@ def build_examples(
     many trajectories. ``rollout`` (a :class:`~zerosim.agent.rollout.RolloutConfig`): under
     ``protocol=tools`` the trajectories are written as the RL rollout reads them there — the search as a
     ``<tool_call>`` closing the turn, the documents as the template's ``tool`` message, the answer in the
-    last turn — from :class:`~zerosim.agent.tool_format.ToolTokens`' pieces.
+    last turn — from :class:`~zerosim.agent.tool_format.ToolTokens`' pieces. With ``read_page`` offered (and
+    ``rollout.max_turns`` >= 3; ``pages``: the engine's, :mod:`zerosim.core.pages`), a trajectory opens the page
+    of the first result whose page holds a gold answer when no result's text does, and half of the others (a
+    seeded draw) open it too: search, read, answer.
     """
     from zerosim.agent.rollout import Protocol
     from zerosim.core.metrics import answer_in_text
@@ -75,6 +100,9 @@ def build_examples(
         from zerosim.agent.tools import tools_named
 
         tool_tokens = ToolTokens(tokenizer, tools_named(rollout.tools), max_obs_tokens)
+    reading = tool_tokens is not None and "read_page" in rollout.tools and rollout.max_turns >= 3
+    if reading and pages is None:
+        raise ValueError("build_examples: read_page demonstrations need the engine's pages (pages=)")
     rows: list[dict[str, list[int]]] = []
     for start in range(0, len(questions), batch_size):
         if limit is not None and len(rows) >= limit:
@@ -91,34 +119,66 @@ def build_examples(
                 observation = tool_tokens.reply([("search", tool_tokens.clip(format_documents(docs)))])
             else:
                 observation = tokens.observation(docs)
+            seen = tokenizer.decode(observation, skip_special_tokens=True)
+            found = [a for a in ex.golden_answers if answer_in_text(seen, [a])]
+            opened = None  # read_page: (result number, the page's reply tokens, answers it holds)
+            if reading and (not found or rng.random() < 0.5):
+                opened = _open_page(ex, docs, pages, tool_tokens, rollout, tokenizer)
+                if opened is not None:
+                    found = opened[2]
             if grounded:
-                seen = tokenizer.decode(observation, skip_special_tokens=True)
-                found = [a for a in ex.golden_answers if answer_in_text(seen, [a])]
                 if not found:
                     continue
                 answer = found[0]
             think = f"<think>{rng.choice(_THINK_BEFORE).format(topic=_topic(ex.question))}</think>\n"
             second = f"<think>{rng.choice(_THINK_AFTER).format(answer=answer)}</think>\n<answer> {answer} </answer>"
+            # (tokens, trained): the policy's turns are learnt, the prompt and every tool reply masked
             if tool_tokens is not None:  # the call as the template writes an assistant's tool_calls
                 call = json.dumps({"name": "search", "arguments": {"query": ex.question.strip()}})
-                prompt = tool_tokens.prompt(ex.question)
-                policy_1 = tokens.encode(f"{think}<tool_call>\n{call}\n</tool_call>") + [tool_tokens.eos_id]
-                policy_2 = tokens.encode(second) + [tool_tokens.eos_id]
+                eot = [tool_tokens.eos_id]
+                pieces = [
+                    (tool_tokens.prompt(ex.question), False),
+                    (tokens.encode(f"{think}<tool_call>\n{call}\n</tool_call>") + eot, True),
+                    (observation, False),
+                ]
+                if opened is not None:  # search, then read the page, then answer
+                    doc, page_reply, _ = opened
+                    read = json.dumps({"name": "read_page", "arguments": {"doc": doc}})
+                    think_open = f"<think>{rng.choice(_THINK_OPEN).format(doc=doc)}</think>\n"
+                    pieces += [(tokens.encode(f"{think_open}<tool_call>\n{read}\n</tool_call>") + eot, True)]
+                    pieces += [(page_reply, False)]
+                pieces.append((tokens.encode(second) + eot, True))
             else:
-                prompt = tokens.prompt(build_prompt(ex.question))
-                policy_1 = tokens.encode(f"{think}<search> {ex.question.strip()} </search>")
-                policy_2 = tokens.encode(second) + [tokenizer.eos_token_id]
-            input_ids = prompt + policy_1 + observation + policy_2
-            labels = [IGNORE_INDEX] * len(prompt) + policy_1 + [IGNORE_INDEX] * len(observation) + policy_2
+                pieces = [
+                    (tokens.prompt(build_prompt(ex.question)), False),
+                    (tokens.encode(f"{think}<search> {ex.question.strip()} </search>"), True),
+                    (observation, False),
+                    (tokens.encode(second) + [tokenizer.eos_token_id], True),
+                ]
+            input_ids = [t for ids, _ in pieces for t in ids]
+            labels = [t if trained else IGNORE_INDEX for ids, trained in pieces for t in ids]
             rows.append({"input_ids": input_ids, "labels": labels})
     return rows
 
 
 def warmstart_folder(cfg) -> str:
-    """``warmstart`` (tags) or ``warmstart-tools``: a run's warm start of the other protocol is not reused."""
+    """``warmstart`` (tags), ``warmstart-tools`` (tools, search alone) or ``warmstart-tools-<tool>-…`` (other
+    tools offered): a warm start written for another protocol or tool set is not reused."""
     from zerosim.agent.rollout import Protocol
 
-    return "warmstart" if cfg.rollout.protocol == Protocol.tags else "warmstart-tools"
+    if cfg.rollout.protocol == Protocol.tags:
+        return "warmstart"
+    tools = list(cfg.rollout.tools)
+    return "warmstart-tools" if tools == ["search"] else "-".join(["warmstart-tools", *tools])
+
+
+def _pages(engine, search, rollout):
+    """The engine's pages where the rollout offers read_page (its demonstrations open some), else None."""
+    if rollout is None or rollout.protocol != "tools" or "read_page" not in rollout.tools:
+        return None
+    from zerosim.engines import reading_pages
+
+    return reading_pages(engine, search, prefix="warmstart.search.")
 
 
 def run_warmstart(
@@ -152,6 +212,7 @@ def run_warmstart(
         grounded=cfg.grounded,
         limit=cfg.num_examples,
         rollout=rollout,
+        pages=_pages(engine, cfg.search, rollout),
     )
     if not rows:
         raise ValueError(
