@@ -1170,6 +1170,10 @@ def test_an_arm_can_differ_by_protocol_alone(tmp_path):
     assert {k for k, _ in differ} - {"run.name", "run.output_dir", "policy.model"} == {"rollout.protocol"}
     assert by["train-real-s0"].deps == ["warmstart"] and by["train-tools-s0"].deps == ["warmstart-tools"]
     assert tools.policy.model.endswith("/warmstart-tools/warmstart/final")
+    reading = by["train-tools-read-page-s0"]
+    assert reading.deps == ["warmstart-tools-search-read_page"] and reading.config.rollout.max_turns == 3
+    assert by["warmstart-tools-search-read_page"].config.rollout.tools == ["search", "read_page"]
+    assert by["eval-none-tools-read-page-s0-bm25"].config.rollout.tools == ["search", "read_page"]
     warm = by["warmstart-tools"]
     assert warm.config.rollout.protocol == "tools" and warm.key != by["warmstart"].key
     assert by["eval-tools-s1-bm25"].config.rollout.protocol == "tools"
