@@ -304,7 +304,7 @@ class Evaluator:
         self.source = getattr(engine, "draw_source", None)
         self.pages = None  # read_page offered: the engine's pages, resolved once (zerosim.core.pages)
         if engine is not None and cfg.rollout.protocol == "tools" and "read_page" in cfg.rollout.tools:
-            from zerosim.engines import reading_pages
+            from zerosim.core.pages import reading_pages
 
             self.pages = reading_pages(self.engine, cfg.search)
         self.answer_generator = policy_generator(cfg, model, tokenizer, ("</answer>",))

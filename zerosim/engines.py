@@ -15,6 +15,7 @@ from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url, ranged
 from zerosim.core.engine_names import EngineName
 from zerosim.core.http.client import HTTPConfig, Negatives
 from zerosim.core.models import describe_model
+from zerosim.core.pages import PAGE_BY, page_grouping, reading_pages  # noqa: F401 (public here too)
 from zerosim.core.search import SearchEngine
 
 
@@ -47,18 +48,6 @@ class SearchConfig:
             raise ConfigError(rerank_refusal(prefix))
 
 
-PAGE_BY = ("auto", "title", "id")
-
-
-def page_grouping(cfg: SearchConfig) -> str:
-    """``search.page_by`` resolved: ``title`` or ``id`` (:class:`zerosim.core.pages.CorpusPages`)."""
-    if cfg.page_by != "auto":
-        return cfg.page_by
-    kind = real_kind(cfg)
-    corpora = [getattr(cfg, part).corpus for part in ("bm25", "dense") if part in (kind, "hybrid")]
-    return "id" if corpora and all(c == EMBEDDED_DATA for c in corpora) else "title"
-
-
 def check_pages(cfg: SearchConfig, rollout, prefix: str = "", engine: str | None = None) -> None:
     """Refuse ``read_page`` among ``rollout.tools`` over an engine with no pages (an HTTP search server, or
     mixed search over one), before anything loads; ``engine``: another engine than ``search.engine`` (e.g.
@@ -74,21 +63,6 @@ def check_pages(cfg: SearchConfig, rollout, prefix: str = "", engine: str | None
             "use bm25, dense, hybrid or the simulator (or mixed over those), or drop read_page from "
             f"{prefix}rollout.tools"
         )
-
-
-def reading_pages(engine: SearchEngine, cfg: SearchConfig, prefix: str = "search."):
-    """The pages behind ``engine``'s results for the read_page tool (:func:`zerosim.core.pages.page_reader`);
-    an engine with none is refused, naming the engines that have them."""
-    from zerosim.core.pages import page_reader
-
-    reader = page_reader(engine, by=page_grouping(cfg))
-    if reader is None:
-        raise ConfigError(
-            f"rollout.tools offers read_page, but {prefix}engine={cfg.engine} has no pages to open (an HTTP search "
-            "server returns passages only). Use an engine with pages — bm25, dense, hybrid (the corpus's "
-            "documents), simulator (pages it writes) or mixed of those — or drop read_page from rollout.tools"
-        )
-    return reader
 
 
 def rerank_refusal(prefix: str = "search.") -> str:

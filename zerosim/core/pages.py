@@ -21,7 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from zerosim.core.config import EMBEDDED_DATA, ConfigError
 from zerosim.core.search import Document, SearchError
+
+PAGE_BY = ("auto", "title", "id")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,29 @@ class PageReader(Protocol):
     words; raises :class:`~zerosim.core.search.SearchError` where it cannot (never an empty page)."""
 
     def read_pages(self, requests: Sequence[PageRequest], max_words: int) -> list[Page]: ...
+
+
+def page_grouping(search: Any) -> str:
+    """``search.page_by`` resolved (``search``: the ``search.*`` settings): ``title`` or ``id``
+    (:class:`CorpusPages`); ``auto`` is ``id`` over the embedded corpus, ``title`` over any other."""
+    if search.page_by != "auto":
+        return search.page_by
+    kind = str(search.mixed.real if str(search.engine) == "mixed" else search.engine)
+    corpora = [getattr(search, part).corpus for part in ("bm25", "dense") if kind in (part, "hybrid")]
+    return "id" if corpora and all(c == EMBEDDED_DATA for c in corpora) else "title"
+
+
+def reading_pages(engine: Any, search: Any, prefix: str = "search.") -> PageReader:
+    """The pages behind ``engine``'s results for the read_page tool (:func:`page_reader`, grouped as
+    ``search.page_by`` says); an engine with none is refused, naming the engines that have them."""
+    reader = page_reader(engine, by=page_grouping(search))
+    if reader is None:
+        raise ConfigError(
+            f"rollout.tools offers read_page, but {prefix}engine={search.engine} has no pages to open (an HTTP "
+            "search server returns passages only). Use an engine with pages — bm25, dense, hybrid (the corpus's "
+            "documents), simulator (pages it writes) or mixed of those — or drop read_page from rollout.tools"
+        )
+    return reader
 
 
 def factbook_document(doc_id: str) -> str:
@@ -131,20 +157,20 @@ def page_reader(engine: Any, *, by: str = "title") -> PageReader | None:
     what pages may see: evaluation's withheld answers) with ``read_pages`` answers itself; a corpus
     retriever's pages are its ``.docs``; other wrappers are looked through. ``by``: how a corpus's passages
     group into documents (:class:`CorpusPages`)."""
-    from curricula.mixed import MixedSearchEngine
-
     if callable(getattr(engine, "read_pages", None)):
         return engine
     if callable(getattr(engine, "pages", None)):  # a wrapper that reads its engine's pages its own way
         return engine.pages(by=by)
-    if isinstance(engine, MixedSearchEngine):
+    if callable(getattr(engine, "draw_source", None)) and hasattr(engine, "real"):  # mixed search
         real, sim = page_reader(engine.real, by=by), page_reader(engine.simulator, by=by)
         if isinstance(real, CorpusPages) and sim is not None:
             return RoutedPages(real, sim)
         return None
     docs = getattr(engine, "docs", None)
     corpus = isinstance(docs, list) and docs and isinstance(docs[0], Document) and hasattr(engine, "search")
-    if corpus and not hasattr(getattr(engine, "retriever", None), "search"):  # not corpus negatives: its inner's
+    if corpus and not hasattr(
+        getattr(engine, "retriever", None), "search"
+    ):  # not corpus negatives: its inner's
         return CorpusPages(docs, by=by)
     engines = getattr(engine, "engines", None)  # hybrid: both halves index the same passages
     if isinstance(engines, tuple) and engines:
