@@ -1172,7 +1172,14 @@ def test_an_arm_can_differ_by_protocol_alone(tmp_path):
     assert tools.policy.model.endswith("/warmstart-tools/warmstart/final")
     reading = by["train-tools-read-page-s0"]
     assert reading.deps == ["warmstart-tools-search-read_page"] and reading.config.rollout.max_turns == 3
-    assert by["warmstart-tools-search-read_page"].config.rollout.tools == ["search", "read_page"]
+    reading_warm = by[
+        "warmstart-tools-search-read_page"
+    ].config.rollout  # its demonstrations read, as it trains
+    assert (reading_warm.tools, reading_warm.max_turns, reading_warm.max_page_tokens) == (
+        ["search", "read_page"],
+        3,
+        reading.config.rollout.max_page_tokens,
+    )
     assert by["eval-none-tools-read-page-s0-bm25"].config.rollout.tools == ["search", "read_page"]
     warm = by["warmstart-tools"]
     assert warm.config.rollout.protocol == "tools" and warm.key != by["warmstart"].key
@@ -1206,3 +1213,14 @@ def test_an_untrained_arm_takes_rollout_settings_only(tmp_path):
         load_experiment(
             preset, [f"output_dir={tmp_path}", "arms.none-tools.overrides=[trainer.learning_rate=0.5]"]
         )
+
+
+def test_with_the_warm_start_off_every_agent_shape_starts_from_the_base_policy(tmp_path):
+    from zerosim.experiment import build_stages, load_experiment
+
+    preset = ROOT / "configs" / "experiments" / "tool-protocol-cpu.yaml"
+    cfg = load_experiment(preset, [f"output_dir={tmp_path}", "warmstart=[warmstart.enabled=false]"])
+    stages = build_stages(cfg, tmp_path / cfg.name)
+    assert not [s for s in stages if s.kind == "warmstart"]
+    trains = [s for s in stages if s.kind == "train"]
+    assert {s.config.policy.model for s in trains} == {"smollm2"} and all(not s.deps for s in trains)

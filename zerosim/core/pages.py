@@ -137,8 +137,9 @@ class RoutedPages:
 
     def read_pages(self, requests: Sequence[PageRequest], max_words: int) -> list[Page]:
         out: list[Page | None] = [None] * len(requests)
-        sim = [i for i, r in enumerate(requests) if r.document.id not in self.real.position]
-        real = [i for i in range(len(requests)) if i not in set(sim)]
+        mine = [r.document.id in self.real.position for r in requests]
+        real = [i for i, m in enumerate(mine) if m]
+        sim = [i for i, m in enumerate(mine) if not m]
         for part, reader in ((real, self.real), (sim, self.simulated)):
             if part:
                 for i, page in zip(

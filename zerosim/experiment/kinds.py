@@ -144,7 +144,7 @@ WARMSTART_READS = (
 READ_PAGE_SETTINGS = ("rollout.max_turns", "rollout.max_page_tokens")
 
 
-def _warmstart_inert(leaves: dict[str, Any]) -> tuple[str, ...]:
+def warmstart_inert(leaves: dict[str, Any]) -> tuple[str, ...]:
     """The warm start reads the turn budget and the page budget only to write demonstrations that open pages."""
     reading = leaves.get("rollout.protocol") == "tools" and "read_page" in (leaves.get("rollout.tools") or ())
     return () if reading else READ_PAGE_SETTINGS
@@ -444,7 +444,7 @@ KINDS: dict[Kind, StageKind] = {
         units=lambda c: c.warmstart.max_steps,
         describe=lambda s: f"{s.config.policy.model}, {s.config.warmstart.max_steps} steps",
         keyed_on=WARMSTART_READS,
-        inert=_warmstart_inert,
+        inert=warmstart_inert,
     ),
     Kind.train: StageKind(
         job="zerosim train",

@@ -159,13 +159,22 @@ def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source
 
 
 # -- 2. the warm starts --------------------------------------------------------------------------------------
-def agent_shape(train: TrainConfig) -> tuple[str, tuple[str, ...]]:
-    """What a warm start's demonstrations depend on besides its own settings: the protocol they are written in
-    and, under ``tools``, the tools the prompt offers."""
+def agent_shape(train: TrainConfig) -> tuple[tuple[str, str], ...]:
+    """What a warm start's demonstrations read of the rollout besides its own settings, as ``(setting, value)``
+    overrides: the protocol they are written in and, under ``tools``, the tools offered and what of the rollout
+    those tools' demonstrations read (:data:`~zerosim.experiment.kinds.WARMSTART_READS` less what
+    :func:`~zerosim.experiment.kinds.warmstart_inert` leaves out: the turn and page budgets without read_page)."""
     from zerosim.agent.rollout import Protocol
+    from zerosim.core.config import flatten
+    from zerosim.experiment.kinds import WARMSTART_READS, warmstart_inert
 
-    protocol = Protocol(train.rollout.protocol)
-    return protocol.value, () if protocol == Protocol.tags else tuple(train.rollout.tools)
+    leaves = flatten(train)
+    if Protocol(train.rollout.protocol) == Protocol.tags:
+        return (("rollout.protocol", Protocol.tags.value),)
+    inert = warmstart_inert(leaves)
+    reads = [k for k in WARMSTART_READS if k.startswith("rollout.") and k not in inert]
+    written = {k: f"[{','.join(v)}]" if isinstance(v, list | tuple) else str(v) for k, v in leaves.items()}
+    return tuple((k, written[k]) for k in reads)
 
 
 class WarmStarts:
@@ -175,9 +184,9 @@ class WarmStarts:
 
     def __init__(self, cfg: ExperimentConfig, base: Path, warm: TrainConfig, root: Path, stages: list[Stage]):
         self.cfg, self.base, self.warm, self.root, self.stages = cfg, base, warm, root, stages
-        self.made: dict[tuple[str, tuple[str, ...]], Source] = {}
-        self.shared = self._stage("warmstart", warm) if warm.warmstart.enabled else Source(warm.policy.model)
-        self.made[agent_shape(warm)] = self.shared
+        self.enabled = warm.warmstart.enabled
+        shared = self._stage("warmstart", warm) if self.enabled else Source(warm.policy.model)
+        self.made: dict[tuple[tuple[str, str], ...], Source] = {agent_shape(warm): shared}
 
     def _stage(self, name: str, warm: TrainConfig) -> Source:
         stage = Stage(name, Kind.warmstart, warm, [])
@@ -189,27 +198,26 @@ class WarmStarts:
         from zerosim.training.warmstart import warmstart_folder
 
         shape = agent_shape(train)
+        if not self.enabled:  # no warm start for any arm: the base policy
+            return next(iter(self.made.values()))
         if shape not in self.made:
-            protocol, tools = shape
             name = warmstart_folder(train)
+            taken = {s.name for s in self.stages}
             name = "warmstart-tags" if name == "warmstart" else name  # the shared one's name is taken
-            overrides = [
-                f"rollout.protocol={protocol}",
-                *([f"rollout.tools=[{','.join(tools)}]"] if tools else []),
-            ]
+            if name in taken:  # the same tools with other budgets
+                name = f"{name}-{sum(n.startswith(name) for n in taken) + 1}"
             warm = _train_config(
                 self.cfg,
                 self.base,
                 [
                     *self.cfg.warmstart,
-                    *overrides,
+                    *(f"{k}={v}" for k, v in shape),
                     f"run.output_dir={self.root / 'stages'}",
                     f"run.name={name}",
                 ],
                 where,
             )
-            warm = replace(warm, tracking=self.warm.tracking)
-            self.made[shape] = self._stage(name, warm)
+            self.made[shape] = self._stage(name, replace(warm, tracking=self.warm.tracking))
         return self.made[shape]
 
 

@@ -33,7 +33,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +280,8 @@ def _plan(
     present = {
         n: source / n for n in exported["stages"] if n in known and (source / n / STAGE_FILE).is_file()
     }
-    with preview(stages, root, present) as view:
+    # another experiment's records are read beside the exported records of the stages they read
+    with preview(stages, root, present) if foreign else nullcontext(root) as view:
         for stage_name in exported["stages"]:
             stage, src = known.get(stage_name), source / stage_name
             if stage is None or stage_name in taken or read_stage(stage, root) is not None:
