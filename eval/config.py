@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from zerosim.agent.rollout import RolloutConfig
-from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ranged
+from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, env_name, ranged
+from zerosim.core.engine_names import EngineName
 from zerosim.core.models import DType
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
@@ -89,6 +90,52 @@ class RerankConfig:
     depth: int = ranged(20, ">=1")
     # (query, passage) pairs per cross-encoder forward pass
     batch_size: int = ranged(32, ">=1")
+
+
+class WebProvider(StrEnum):
+    """``search.web.provider``: the web search API (``eval.web.PROVIDERS``: one adapter each)."""
+
+    serper = "serper"  # Google through serper.dev
+    serpapi_google = "serpapi_google"  # Google through SerpAPI
+    serpapi_bing = "serpapi_bing"  # Bing through SerpAPI
+    brave = "brave"  # Brave Search API (its own index)
+    tavily = "tavily"  # Tavily search API
+
+
+# ``search.web.fallback``: a real retriever that takes over when the web quota is used up (not web itself)
+WebFallback = StrEnum("WebFallback", {e.name: e.value for e in EngineName if e.real and e != EngineName.web})
+
+
+@dataclass
+class WebConfig:
+    # the web search API behind search.engine=web
+    provider: WebProvider = WebProvider.serper
+    # the environment variable holding the API key (never the key itself); None = the provider's usual one (SERPER_API_KEY, SERPAPI_API_KEY, BRAVE_API_KEY, TAVILY_API_KEY)
+    api_key_env: str | None = env_name(None)
+    # the API's URL; None = the provider's public endpoint (set it for a proxy or a local replay server)
+    endpoint: str | None = None
+    # seconds to connect before a retry
+    connect_timeout: float = ranged(5.0, ">0", "seconds")
+    # seconds to wait for an answer before a retry
+    read_timeout: float = ranged(20.0, ">0", "seconds")
+    # attempts per query before the search fails (timeouts, 5xx, 429, malformed bodies are retried; a rejected key or a used-up quota is not)
+    retries: int = ranged(3, ">=1", "attempts per query, the first one included")
+    # seconds slept before the second attempt, doubled before each later one
+    backoff: float = ranged(1.0, ">=0", "seconds")
+    # most seconds a 429's Retry-After is waited before the next attempt (a longer ask fails the query, naming the wait)
+    max_retry_after: float = ranged(20.0, ">=0", "seconds")
+    # queries in flight at once per process (each query is one request)
+    max_concurrency: int = ranged(4, ">=1")
+    # most requests started per second per process; None = unbounded
+    requests_per_second: float | None = ranged(5.0, ">0")
+    # US dollars per 1,000 requests for the ledger; None = the provider's list price (eval.web.PROVIDERS, dated)
+    price_per_1k: float | None = ranged(None, ">=0")
+    # when the quota is used up: a real retriever that answers the rest of the run's searches (counted as search/web/fallback); None = stop
+    fallback: WebFallback | None = None
+    # results kept in memory (every query, hit or miss, goes through the cache)
+    cache_size: int = ranged(100000, ">=0")
+    # every result is also kept in this sqlite file, shared across runs and processes: a replay makes zero requests; None = $ZEROSIM_HOME/web-cache.sqlite
+    cache_path: str | None = None
 
 
 @dataclass

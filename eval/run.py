@@ -25,7 +25,7 @@ from zerosim.core.data.jsonl import write_jsonl
 from zerosim.core.data.qa import sample_examples
 from zerosim.core.data.spec import expand_qa_specs, named_qa_spec, parse_qa_spec
 from zerosim.core.fsutil import atomic_write_text, check_output_folder
-from zerosim.core.search import SearchEngine
+from zerosim.core.search import SearchEngine, ledgers
 from zerosim.core.tracking import check_tracking_uri, link_eval_table, log_config, log_jsonl, mlflow_run
 
 
@@ -223,6 +223,10 @@ def _evaluator(cfg: HarnessConfig, tokenizer, build_engine: Callable[..., Search
         del model  # the evaluator holds it now; this frame must not, should it outlive its call
 
 
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _evaluate(
     cfg: HarnessConfig, evaluator: Evaluator, loaded: list[tuple[str, list]], progress: bool
 ) -> EvalResult:
@@ -247,6 +251,15 @@ def _evaluate(
         rows = table(results)
         title = f"{cfg.method} · search={engine_name} · policy={cfg.policy}"
         md = markdown_table(rows, title)
+        spent = [] if evaluator.engine is None else ledgers(evaluator.engine)
+        if spent:  # what a paid engine (web search) was asked, and its estimated cost, under the table
+            from eval.web import describe_ledger
+
+            md += "\n" + "\n".join(describe_ledger(entry) for entry in spent) + "\n"
+            for entry in spent:
+                mlflow.log_metrics({f"search/web/{k}": float(v) for k, v in entry.items() if _number(v)})
+            mlflow.log_text(json.dumps(spent, indent=2), "search_ledger.json")
+            atomic_write_text(out_dir / "search_ledger.json", json.dumps(spent, indent=2))
         for row in rows:
             prefix = row["dataset"].replace(":", "_")  # MLflow metric names allow no colon
             mlflow.log_metrics({f"{prefix}/{k}": v for k, v in row.items() if k != "dataset" and v == v})

@@ -19,7 +19,7 @@ def test_a_choice_is_checked_wherever_its_schema_is_nested():
     with pytest.raises(ConfigError) as err:
         load_train_config(None, ["warmstart.search.engine=google"])
     assert str(err.value) == (
-        "config key 'warmstart.search.engine' is 'google'; valid values: simulator, bm25, dense, hybrid, http, "
+        "config key 'warmstart.search.engine' is 'google'; valid values: simulator, bm25, dense, hybrid, http, web, "
         "mixed (set by override 'warmstart.search.engine=google')"
     )
     with pytest.raises(

@@ -14,7 +14,7 @@ def test_every_engine_has_a_preflight_and_a_builder():
     assert set(ENGINES) == set(EngineName)
 
 
-REAL = ["bm25", "dense", "hybrid", "http"]
+REAL = ["bm25", "dense", "hybrid", "http", "web"]
 
 
 def test_the_engine_choices_are_derived_from_engine_name():
@@ -46,8 +46,8 @@ def test_the_engine_choices_are_derived_from_engine_name():
 @pytest.mark.parametrize(
     ("override", "valid"),
     [
-        ("validation.engine=mixed", "train, simulator, bm25, dense, hybrid, http"),
-        ("search.mixed.real=simulator", "bm25, dense, hybrid, http"),
+        ("validation.engine=mixed", "train, simulator, bm25, dense, hybrid, http, web"),
+        ("search.mixed.real=simulator", "bm25, dense, hybrid, http, web"),
     ],
 )
 def test_a_derived_engine_choice_refuses_as_before(override, valid):

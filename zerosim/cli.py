@@ -236,7 +236,7 @@ def evaluate(
     dataset: str = typer.Option(
         None, "--dataset", help="Comma-separated datasets (files, HF ids, factbook[:split])."
     ),
-    search: str = typer.Option(None, "--search", help="bm25 | dense | hybrid | simulator | http"),
+    search: str = typer.Option(None, "--search", help="bm25 | dense | hybrid | simulator | http | web"),
     method: str = typer.Option(None, "--method", help="agent | rag | direct"),
     limit: int = typer.Option(None, "--limit", help="Evaluate only the first N rows of each dataset."),
     config: Path = typer.Option(None, "--config", "-c", help="YAML eval recipe."),
@@ -595,7 +595,7 @@ def simulator_collect(
     out: Path = typer.Option(None, "--out", help="SFT jsonl to write (a <out>.report.json goes beside it)."),
     data: str = typer.Option(None, "--data", help="Questions: file, HF id, or factbook."),
     search: str = typer.Option(
-        None, "--search", help="Real retriever for the documents: bm25 | dense | hybrid | http"
+        None, "--search", help="Real retriever for the documents: bm25 | dense | hybrid | http | web"
     ),
     queries: str = typer.Option(None, "--queries", help="question | policy (the policy's <search> queries)"),
     label: str = typer.Option(None, "--label", help="contains | judge"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from curricula.config import CurriculumConfig, MixedConfig
 from curricula.schedules import curriculum_adds_noise
-from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig
+from eval.config import BM25Config, DenseConfig, HybridConfig, RerankConfig, WebConfig
 from simulators.config import SimulatorConfig
 from simulators.llm import build_simulator
 from zerosim.core.config import EMBEDDED_DATA, ConfigError, check_url, ranged
@@ -21,7 +21,7 @@ from zerosim.core.search import SearchEngine
 
 @dataclass
 class SearchConfig:
-    # simulator | bm25 | dense | hybrid | http | mixed (simulator or search.mixed.real per search) — what answers the policy's <search>
+    # simulator | bm25 | dense | hybrid | http | web (a web search API, search.web) | mixed (simulator or search.mixed.real per search) — what answers the policy's <search>
     engine: EngineName = EngineName.simulator
     # documents per search
     k: int = ranged(3, ">=1")
@@ -34,6 +34,7 @@ class SearchConfig:
     dense: DenseConfig = field(default_factory=DenseConfig)
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     http: HTTPConfig = field(default_factory=HTTPConfig)
+    web: WebConfig = field(default_factory=WebConfig)
     mixed: MixedConfig = field(default_factory=MixedConfig)
     # a cross-encoder over the real retriever (bm25, dense, hybrid, http; mixed's real part)
     rerank: RerankConfig = field(default_factory=RerankConfig)
@@ -56,10 +57,11 @@ def check_pages(cfg: SearchConfig, rollout, prefix: str = "", engine: str | None
         return
     name = _engine_name(engine or cfg.engine)
     real = _engine_name(cfg.mixed.real) if name == EngineName.mixed else name
-    if real == EngineName.http:
+    if real in (EngineName.http, EngineName.web):
+        what = "an HTTP search server" if real == EngineName.http else "a web search API's snippets"
         raise ConfigError(
             f"{prefix}rollout.tools offers read_page, but search over {name} "
-            f"({'its real part ' if name == EngineName.mixed else ''}an HTTP search server) has no pages to open: "
+            f"({'its real part ' if name == EngineName.mixed else ''}{what}) has no pages to open: "
             "use bm25, dense, hybrid or the simulator (or mixed over those), or drop read_page from "
             f"{prefix}rollout.tools"
         )
@@ -103,6 +105,9 @@ def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
         return None  # it writes noisy documents itself
     if cfg.engine == EngineName.http:
         return unwrap_rerank(engine).noise_problem()
+    if cfg.engine == EngineName.web:
+        inner = unwrap_rerank(engine)
+        return None if inner.honours_noise else "search.negatives=none leaves the web results' noisy slots unfilled"
     if getattr(engine, "honours_noise", False):
         return None
     return f"search.negatives={cfg.negatives} leaves the {cfg.engine} retriever's noisy slots unfilled"
@@ -113,7 +118,8 @@ def check_noise_config(cfg: SearchConfig, curriculum: CurriculumConfig) -> None:
     a noisy curriculum over a real retriever with ``search.negatives=none``."""
     # (over http, negatives=none leaves the slots to the engine behind the server: its /health decides)
     kind = real_kind(cfg)  # mixed: its real part must fill them
-    if curriculum_adds_noise(curriculum) and kind.indexed and cfg.negatives == Negatives.none:
+    fills_here = kind.indexed or kind == EngineName.web  # web: other results of the query or of others
+    if curriculum_adds_noise(curriculum) and fills_here and cfg.negatives == Negatives.none:
         _refuse(cfg, f"search.negatives=none leaves the {kind} retriever's noisy slots unfilled")
 
 
@@ -408,8 +414,87 @@ def _build_http(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | 
         negatives=cfg.negatives,
         negatives_depth=cfg.negatives_depth,
         seed=seed,
+        empty_is_answer=h.empty_is_answer,
     )
     return reranked(server, cfg, engine_fills_noise=True)
+
+
+def _preflight_web(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
+    """The provider, its endpoint, the key's variable (set: a missing key is refused here, naming it), the
+    price the ledger counts by and the cache; then the fallback's own checks."""
+    from eval.web import PROVIDERS
+    from zerosim.core.secrets import secret_from_env
+
+    w = cfg.web
+    provider = PROVIDERS[str(w.provider)]
+    env = w.api_key_env or provider.key_env
+    secret_from_env(env, f"{prefix}web.api_key_env")  # read only to refuse a missing key; not kept here
+    endpoint = check_url(w.endpoint, f"{prefix}web.endpoint") if w.endpoint else provider.endpoint
+    price = provider.price_per_1k if w.price_per_1k is None else w.price_per_1k
+    dated = "list price of " + _price_date() if w.price_per_1k is None else "search.web.price_per_1k"
+    rate = "unpaced" if w.requests_per_second is None else f"at most {w.requests_per_second:g} requests/s"
+    rows = [
+        ("web search", f"{provider.label} at {endpoint}, key from ${env}"),
+        ("web client", f"{w.max_concurrency} in flight, {rate}, {w.retries} tries per query"),
+        ("web price", f"${price:.2f} per 1,000 requests ({dated})"),
+        ("web cache", f"{web_cache_path(w)} (a replay asks the web nothing)"),
+    ]
+    if w.fallback is not None:
+        fallback = dataclasses.replace(cfg, engine=EngineName(w.fallback))
+        rows.append(("web fallback", f"{w.fallback} once the quota is used up"))
+        rows += ENGINES[EngineName(w.fallback)].preflight(fallback, prefix=prefix, total_steps=total_steps)
+    return rows
+
+
+def _price_date() -> str:
+    from eval.web import PRICE_DATE
+
+    return PRICE_DATE
+
+
+def web_cache_path(w: WebConfig):
+    """``search.web.cache_path``, or the shared default ``$ZEROSIM_HOME/web-cache.sqlite``."""
+    from pathlib import Path
+
+    from zerosim.core.models import zerosim_home
+
+    return Path(w.cache_path) if w.cache_path is not None else zerosim_home() / "web-cache.sqlite"
+
+
+def _build_web(cfg: SearchConfig, *, seed: int, dtype: str, total_steps: int | None) -> SearchEngine:
+    """The provider's client (:class:`eval.web.WebSearchEngine`) with its key, cache, pacing and fallback; the
+    noisy slots it fills itself, so a reranker over it orders the useful ones only."""
+    from eval.web import PROVIDERS, WebSearchEngine
+    from zerosim.core.http.retry import RetryPolicy
+    from zerosim.core.secrets import secret_from_env
+
+    w = cfg.web
+    provider = PROVIDERS[str(w.provider)]
+    key = secret_from_env(w.api_key_env or provider.key_env, "search.web.api_key_env")
+    fallback = None
+    if w.fallback is not None:
+        later = dataclasses.replace(cfg, engine=EngineName(w.fallback))
+
+        def fallback() -> SearchEngine:
+            return _build(later, seed=seed, dtype=dtype, total_steps=total_steps)
+
+    engine = WebSearchEngine(
+        provider,
+        key,
+        endpoint=w.endpoint,
+        retry=RetryPolicy.of(w),
+        max_retry_after=w.max_retry_after,
+        max_concurrency=w.max_concurrency,
+        requests_per_second=w.requests_per_second,
+        price_per_1k=w.price_per_1k,
+        negatives=str(cfg.negatives),
+        negatives_depth=cfg.negatives_depth,
+        seed=seed,
+        cache_size=w.cache_size,
+        cache_path=web_cache_path(w),
+        fallback=fallback,
+    )
+    return reranked(engine, cfg, engine_fills_noise=True)
 
 
 def _preflight_mixed(cfg: SearchConfig, *, prefix: str, total_steps: int | None) -> list[Row]:
@@ -457,6 +542,7 @@ ENGINES: dict[EngineName, EngineKind] = {
     EngineName.dense: EngineKind(_preflight_dense, _build_dense),
     EngineName.hybrid: EngineKind(_preflight_hybrid, _build_hybrid),
     EngineName.http: EngineKind(_preflight_http, _build_http),
+    EngineName.web: EngineKind(_preflight_web, _build_web),
     EngineName.mixed: EngineKind(_preflight_mixed, _build_mixed),
 }
 

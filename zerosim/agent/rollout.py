@@ -41,7 +41,15 @@ from zerosim.core.generation import Generation, HFGenerator
 from zerosim.core.metrics import exact_match, f1_score
 from zerosim.core.models import encode_chat_prompt
 from zerosim.core.sampling import Sampling
-from zerosim.core.search import Document, SearchEngine, SearchError, SearchRequest, format_documents
+from zerosim.core.search import (
+    Document,
+    SearchEngine,
+    SearchError,
+    SearchRequest,
+    answers_empty,
+    engine_layers,
+    format_documents,
+)
 
 
 class Protocol(StrEnum):
@@ -253,6 +261,8 @@ class SearchRollout:
     ):
         self.tokenizer = tokenizer
         self.engine = engine
+        # web search: a search that found nothing is an answer (NO_RESULTS), every other engine's is a fault
+        self.empty_answers = answers_empty(engine)
         self.config = config
         self.k = k
         self.examples = examples
@@ -432,7 +442,7 @@ class SearchRollout:
             raise SearchError(f"search engine answered {len(results)} results for {len(requests)} requests")
         out = []
         for (traj, query), request, docs in zip(searching, requests, results, strict=True):
-            if not docs:
+            if not docs and not self.empty_answers:
                 raise SearchError(f"search engine returned no documents for query {query!r}")
             traj.searches += 1
             traj.search_close.append(len(traj.completion_ids) - 1)  # the token that closed the search's turn
@@ -664,13 +674,7 @@ def engine_counters(engine: Any) -> dict[str, float]:
     since the start of the process.
     """
     out: dict[str, float] = {}
-    seen: set[int] = set()
-    pending = [engine]
-    while pending:
-        engine = pending.pop(0)
-        if engine is None or id(engine) in seen:
-            continue
-        seen.add(id(engine))
+    for engine in engine_layers(engine):  # the wrappers the rollout builds, and both parts of a mixed engine
         stats = getattr(engine, "stats", None)
         if isinstance(stats, Mapping):
             name = getattr(engine, "metrics_name", None)
@@ -681,11 +685,6 @@ def engine_counters(engine: Any) -> dict[str, float]:
                     "search/<metrics_name>/<counter>"
                 )
             out.update({f"search/{name}/{key}": float(value) for key, value in stats.items()})
-        # the wrappers the rollout builds: CachedSearchEngine.engine, CorpusNegatives.retriever, and both
-        # parts of a MixedSearchEngine (its simulator and its real retriever)
-        parts = getattr(engine, "parts", None)
-        pending += list(parts.values()) if isinstance(parts, Mapping) else []
-        pending.append(getattr(engine, "engine", None) or getattr(engine, "retriever", None))
     return out
 
 

@@ -52,6 +52,14 @@ def ranged(default: Any = dataclasses.MISSING, spec: str = "finite", why: str = 
     return dataclasses.field(default=default, metadata={"range": spec, "why": why}, **kwargs)
 
 
+def env_name(default: str | None = None, why: str = "") -> Any:
+    """A field that names the environment variable holding a secret (an API key), never the secret itself:
+    :func:`load_config` refuses a value that is no variable's name (``[A-Z_][A-Z0-9_]*``) without repeating it
+    (it may be a key pasted in), so no key reaches a config dump, MLflow params or a stage record. The secret is
+    read where it is used (:func:`zerosim.core.secrets.secret_from_env`)."""
+    return dataclasses.field(default=default, metadata={"env": True, "why": why})
+
+
 _NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?)"
 _BOUND = re.compile(rf"(>=|>|<=|<){_NUMBER}")
 _INTERVAL = re.compile(rf"([\[(]){_NUMBER},{_NUMBER}([\])])")
@@ -224,6 +232,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, schem
     except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
         raise _explain(exc, base, "config") from None
     _check_numbers(cfg, "", base, layers)
+    _check_env_names(cfg, "", layers)
     _check_fields(cfg, "")
     return cfg
 
@@ -305,6 +314,31 @@ def _check_numbers(node: Any, prefix: str, base: DictConfig, layers) -> None:
                 continue
             spec, why = f.metadata.get("range"), f.metadata.get("why", "")
             _check_number(where, number, spec, why, base, layers)
+
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def _check_env_names(node: Any, prefix: str, layers) -> None:
+    """Every :func:`env_name` field a variable's name; a value that is not one is refused without being
+    repeated (it may be the key itself)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_env_names(value, f"{key}.", layers)
+        elif f.metadata.get("env") and value is not None and not _ENV_NAME.fullmatch(str(value)):
+            raise ConfigError(
+                f"{key} names the environment variable that holds the key (upper-case letters, digits and _, "
+                f"e.g. {f.default or 'SERPER_API_KEY'}), but the value given{_secret_origin(key, layers)} is not one "
+                "(not repeated here: it may be the key itself). Put the key in the environment "
+                f"(export {f.default or 'SERPER_API_KEY'}=...) and set {key} to that variable's name"
+            )
+
+
+def _secret_origin(key: str, layers) -> str:
+    """Where ``key`` was set, as :func:`_origin` says it but never quoting an override (its value may be a key)."""
+    origin = _origin(key, layers)
+    return " (set by an override)" if origin.startswith(" (set by override") else origin
 
 
 def _check_fields(node: Any, prefix: str) -> None:

@@ -20,13 +20,14 @@ class EngineName(StrEnum):
     dense = "dense"
     hybrid = "hybrid"
     http = "http"
+    web = "web"
     mixed = "mixed"
 
     @property
     def real(self) -> bool:
-        """A retriever over a corpus (bm25, dense, hybrid, http): what evaluation searches with, what
-        ``validation.engine`` and ``search.mixed.real`` may name."""
-        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid, EngineName.http)
+        """A real retriever (bm25, dense, hybrid, http; web: a web search API): what evaluation searches with,
+        what ``validation.engine`` and ``search.mixed.real`` may name."""
+        return self in (EngineName.bm25, EngineName.dense, EngineName.hybrid, EngineName.http, EngineName.web)
 
     @property
     def simulated(self) -> bool:

@@ -7,9 +7,9 @@ clients and caches all speak this protocol, so one config key swaps them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class SearchError(RuntimeError):
@@ -78,13 +78,48 @@ class SearchEngine(Protocol):
     """Batch-first search: ``search(requests, k)`` returns one list of at most ``k`` documents per request.
 
     Implementations raise :class:`SearchError` when they cannot answer; they never return an empty list
-    in place of a failure.
+    in place of a failure. An engine whose empty list is an answer ("no results": a web search API) says so
+    with ``empty_is_answer = True`` (:func:`answers_empty`); the policy then reads :data:`NO_RESULTS`.
     """
 
     def search(self, requests: Sequence[SearchRequest], k: int) -> list[list[Document]]: ...
 
 
+# what the policy reads for a search that found nothing (an engine with empty_is_answer)
+NO_RESULTS = "No results found for this query."
+
+
 def format_documents(docs: Sequence[Document], start: int = 1) -> str:
     """Render documents the way Search-R1 policies read them: ``Doc i (Title: t) text``, one per line, numbered
-    from ``start``."""
+    from ``start``; :data:`NO_RESULTS` for none."""
+    if not docs:
+        return NO_RESULTS
     return "\n".join(f"Doc {i} (Title: {d.title}) {d.text}" for i, d in enumerate(docs, start=start))
+
+
+def engine_layers(engine: Any) -> Iterator[Any]:
+    """``engine`` and every engine it wraps, outermost first: a wrapper exposes what it wraps as ``.engine``
+    or ``.retriever``, or several as ``.parts`` (a mapping: the mixed engine's simulator and real retriever)."""
+    seen: set[int] = set()
+    pending = [engine]
+    while pending:
+        engine = pending.pop(0)
+        if engine is None or id(engine) in seen:
+            continue
+        seen.add(id(engine))
+        yield engine
+        parts = getattr(engine, "parts", None)
+        pending += list(parts.values()) if isinstance(parts, Mapping) else []
+        pending.append(getattr(engine, "engine", None) or getattr(engine, "retriever", None))
+
+
+def answers_empty(engine: Any) -> bool:
+    """Whether an empty result from ``engine`` is an answer (some layer has ``empty_is_answer``: web search, an
+    HTTP server in front of one) rather than a fault."""
+    return any(getattr(layer, "empty_is_answer", False) is True for layer in engine_layers(engine))
+
+
+def ledgers(engine: Any) -> list[dict[str, Any]]:
+    """What every paid layer of ``engine`` spent so far (its ``ledger()``: web search's requests, cache hits
+    and estimated cost), outermost first; empty for an engine that costs nothing per search."""
+    return [layer.ledger() for layer in engine_layers(engine) if callable(getattr(layer, "ledger", None))]

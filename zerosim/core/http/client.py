@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -52,6 +53,8 @@ class HTTPConfig:
     retries: int = ranged(3, ">=1", "attempts per request, the first one included")
     # connections each training process keeps open (a server sees processes x this)
     max_connections: int = ranged(2, ">=1")
+    # the server is a web search proxy: an empty result list is an answer (the policy reads "no results", counted as search/http/empty), not a malformed one
+    empty_is_answer: bool = False
 
 
 DEFAULT_RETRY = RetryPolicy(read_timeout=30.0)  # HTTPSearchEngine's when none is given
@@ -77,7 +80,11 @@ class HTTPSearchEngine:
             engine that writes noisy documents itself, a simulator, honours noise then).
         negatives_depth: ``negatives=hard``: how deep the server retrieves for the noisy slots.
         seed: seeds the server's random negatives (the same request gets the same negatives).
+        empty_is_answer: an empty result list is the server's answer (a web search proxy found nothing),
+            counted in ``stats["empty"]``; otherwise it is malformed and retried, then an error.
     """
+
+    metrics_name = "http"  # stats logged as search/http/<counter>
 
     def __init__(
         self,
@@ -90,6 +97,7 @@ class HTTPSearchEngine:
         negatives: str = "hard",
         negatives_depth: int = 30,
         seed: int = 0,
+        empty_is_answer: bool = False,
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -109,6 +117,8 @@ class HTTPSearchEngine:
         self.negatives = negatives
         self.negatives_depth = negatives_depth
         self.seed = seed
+        self.empty_is_answer = empty_is_answer
+        self.stats: Counter[str] = Counter()
         self._http = RetryingClient("search server", retry, max_connections=max_connections, log=logger)
         self.server_info: dict[str, Any] | None = None  # the /health answer, when the server has one
         if check_health:
@@ -198,7 +208,8 @@ class HTTPSearchEngine:
         response = self._http.send("POST", self.retrieve_url, json=payload)
         self._http.raise_for_status(response, self.retrieve_url)
         data = self._http.json(response)
-        results = _parse_result(data, len(noisy), k)
+        results = _parse_result(data, len(noisy), k, empty_is_answer=self.empty_is_answer)
+        self.stats["empty"] += sum(not docs for docs in results)
         for qi, (asked, docs) in enumerate(zip(noisy, results, strict=True)):
             if asked and any(d.noisy is None for d in docs):
                 # not retried: the same server ignores the same request again
@@ -233,8 +244,9 @@ class HTTPSearchEngine:
 # -- parsing an answer (pure functions) -----------------------------------------------------------------
 
 
-def _parse_result(data: Any, n_queries: int, k: int) -> list[list[Document]]:
-    """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`Retryable`.
+def _parse_result(data: Any, n_queries: int, k: int, *, empty_is_answer: bool = False) -> list[list[Document]]:
+    """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`Retryable` (an
+    empty list for a query too, unless ``empty_is_answer``: a web proxy's "no results").
 
     An entry is ``{"document": {...}, "score": x}`` (``return_scores``) or the document itself.
     """
@@ -246,7 +258,7 @@ def _parse_result(data: Any, n_queries: int, k: int) -> list[list[Document]]:
         raise Retryable(f"malformed answer: {got} result lists for {n_queries} queries")
     out = []
     for qi, entries in enumerate(result):
-        if not isinstance(entries, list) or not entries:
+        if not isinstance(entries, list) or (not entries and not empty_is_answer):
             raise Retryable(
                 f"malformed answer: no documents for query {qi} (an empty result is not an answer)"
             )
