@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class EvalResult:
     rows: list[dict[str, Any]]
     markdown: str
     out_dir: Path
+    ledger: list[dict[str, Any]] = field(default_factory=list)  # paid engines' requests and cost (web search)
 
 
 FILE_SUFFIXES = (".jsonl", ".parquet")
@@ -291,4 +292,4 @@ def _evaluate(
         log_jsonl(samples, "samples/trajectories.jsonl")
         if train_run:  # the training run (and the model it logged) point at this table
             link_eval_table(train_run, run.info.run_id)
-        return EvalResult(run.info.run_id, rows, md, out_dir)
+        return EvalResult(run.info.run_id, rows, md, out_dir, ledger=spent)

@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 # the month the list prices below were taken as; a price set in search.web.price_per_1k replaces them
 PRICE_DATE = "2026-12"
+DEFAULT_RETRY = RetryPolicy(connect_timeout=5.0, read_timeout=20.0, backoff=1.0)  # search.web's defaults
 POOL_SIZE = 20000  # results of earlier queries kept for random negatives (oldest dropped first)
 
 
@@ -138,7 +139,9 @@ def _serper_parse(body: Any) -> list[Hit]:
 
 def _serpapi_request(engine: str) -> Callable[[str, int, str], dict[str, Any]]:
     count = "num" if engine == "google" else "count"
-    return lambda q, n, key: {"params": {"engine": engine, "q": q, count: n, "api_key": key, "output": "json"}}
+    return lambda q, n, key: {
+        "params": {"engine": engine, "q": q, count: n, "api_key": key, "output": "json"}
+    }
 
 
 _NO_RESULTS = re.compile(r"hasn't returned any results|no results", re.IGNORECASE)
@@ -232,8 +235,9 @@ PROVIDERS: dict[str, Provider] = {
         },
         parse=_brave_parse,
         quota=lambda status, message: status == 402 or (status == 429 and _says(message, "quota")),
-        auth=lambda status, message: status in (401, 403)
-        or (status == 422 and _says(message, "subscription_token", "token")),
+        auth=lambda status, message: (
+            status in (401, 403) or (status == 422 and _says(message, "subscription_token", "token"))
+        ),
     ),
     "tavily": Provider(
         name="tavily",
@@ -318,7 +322,7 @@ class WebSearchEngine:
         key: Secret,
         *,
         endpoint: str | None = None,
-        retry: RetryPolicy = RetryPolicy(connect_timeout=5.0, read_timeout=20.0, backoff=1.0),
+        retry: RetryPolicy = DEFAULT_RETRY,
         max_retry_after: float = 20.0,
         max_concurrency: int = 4,
         requests_per_second: float | None = 5.0,

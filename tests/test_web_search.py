@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from web_stub import WebStub
@@ -15,6 +16,7 @@ from zerosim.engines import build_search_engine, check_noise_config, preflight
 from zerosim.training.config import load_train_config
 
 KEY = "zsk-test-0123456789abcdef-SECRET"
+ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(PROVIDERS)
 
 
@@ -293,3 +295,64 @@ def test_eval_and_collect_over_web_run_end_to_end_and_the_key_is_written_nowhere
     assert (tmp_path / "sft.jsonl").is_file()
     assert KEY not in evaluated.output + collected.output
     assert _scan(tmp_path, KEY) == []
+
+
+def test_a_dry_run_with_a_web_arm_prints_its_most_queries_and_their_cost(zerosim_cli, keyed, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = zerosim_cli(
+        "experiment", "--config", "configs/experiments/sim-vs-real-smoke.yaml", "--dry-run",
+        f"output_dir={tmp_path}", "arms.web.overrides=[search.engine=web,search.web.price_per_1k=2.5,curriculum.p_start=0.0,curriculum.p_end=0.0]",
+    ).output  # fmt: skip
+    from zerosim.experiment.config import load_experiment
+    from zerosim.training.config import load_train_config
+
+    cfg = load_experiment(ROOT / "configs/experiments/sim-vs-real-smoke.yaml", [])
+    t = load_train_config(ROOT / cfg.base, cfg.overrides).trainer
+    r = load_train_config(ROOT / cfg.base, cfg.overrides).rollout
+    most = t.max_steps * t.per_device_train_batch_size * t.gradient_accumulation_steps * r.max_turns
+    assert f"train-web-s0: at most {most:,} queries to Serper (Google), est. ${most * 2.5 / 1000:,.2f}" in out
+    assert "web search: at most" in out
+
+
+def test_the_report_prints_the_ledger_and_what_the_searches_would_have_cost(tmp_path):
+    from eval.config import WebConfig
+    from zerosim.experiment.kinds import Kind, Stage
+    from zerosim.experiment.report import _cost_markdown, search_costs
+    from zerosim.training.recipe import read_search_ledger
+
+    run = tmp_path / "run"
+    run.mkdir()
+    web = {"provider": "Serper (Google)", "requests": 40, "cache_hits": 10, "empty": 1, "fallback": 0,
+           "cost_usd": 0.04, "price_per_1k": 1.0, "price_source": "2026-12"}  # fmt: skip
+    for rank, searches in ((0, 30), (1, 20)):  # two ranks of one training run
+        (run / f"search_ledger.rank{rank}.json").write_text(json.dumps({"searches": searches, "web": [web]}))
+    assert read_search_ledger(run) == {"searches": 50, "web": [{**web, "requests": 80, "cache_hits": 20,
+                                       "empty": 2, "cost_usd": pytest.approx(0.08)}]}  # fmt: skip
+    stages = [
+        Stage("train-google-s0", Kind.train, None, [], meta={"arm": "google", "seed": 0}),
+        Stage("train-sim-s0", Kind.train, None, [], meta={"arm": "sim", "seed": 0}),
+        Stage("eval-google-s0-web", Kind.eval, None, [], meta={"arm": "google", "seed": 0}),
+    ]
+    outputs = {
+        "train-google-s0": {"search_ledger": read_search_ledger(run)},
+        "train-sim-s0": {"search_ledger": {"searches": 4000, "web": []}},
+        "eval-google-s0-web": {"search_ledger": {"web": [web]}},
+    }
+    costs = search_costs(stages, outputs, WebConfig(price_per_1k=2.0))
+    by_arm = {r["arm"]: r for r in costs["arms"]}
+    assert by_arm["sim"]["searches"] == 4000 and by_arm["sim"]["searches_at_web_price_usd"] == pytest.approx(8.0)
+    assert by_arm["google"]["web_requests"] == 120 and by_arm["google"]["web_cost_usd"] == pytest.approx(0.12)
+    md = "\n".join(_cost_markdown(costs))
+    assert "| sim | 1 | 4000 | 0 | 0 | $0.00 | $8.00 |" in md and "what the simulator saved" in md
+
+
+def test_mixed_search_routes_its_real_part_to_the_web(keyed, tmp_path, tiny_model_dir):
+    with WebStub("tavily", KEY) as stub:
+        cfg = web_config(
+            "tavily", stub, tmp_path, "search.engine=mixed", "search.mixed.real=web",
+            f"search.simulator.model={tiny_model_dir}",
+        )  # fmt: skip
+        engine = build_search_engine(cfg.search, seed=0)
+        [docs] = engine.search([SearchRequest(query="capital of France", source="real")], 3)
+        engine.close()
+    assert stub.hits == 1 and docs[0].title == "Result 1 about the query"

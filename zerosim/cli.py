@@ -337,6 +337,10 @@ def experiment(
         total = sum(float(r[2].split()[0]) for r in rows)
         table.caption = f"estimated {total:.0f} min for the stages to run ({rates_basis(stages)})"
         Console(width=200).print(table)
+        from zerosim.experiment.estimates import web_plan
+
+        for line in web_plan(stages, cfg.train_launcher):
+            typer.echo(line)
         if missing:  # the run refuses these before its first stage
             missing = list(dict.fromkeys(missing))  # one line per problem, however many stages read the input
             lines = "\n".join(f"  - {problem}" for problem in missing)

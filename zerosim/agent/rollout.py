@@ -674,14 +674,14 @@ def engine_counters(engine: Any) -> dict[str, float]:
     since the start of the process.
     """
     out: dict[str, float] = {}
-    for engine in engine_layers(engine):  # the wrappers the rollout builds, and both parts of a mixed engine
-        stats = getattr(engine, "stats", None)
+    for layer in engine_layers(engine):  # the wrappers the rollout builds, and both parts of a mixed engine
+        stats = getattr(layer, "stats", None)
         if isinstance(stats, Mapping):
-            name = getattr(engine, "metrics_name", None)
+            name = getattr(layer, "metrics_name", None)
             if not isinstance(name, str) or not name:
                 raise TypeError(
-                    f"{type(engine).__name__} keeps stats but declares no metrics_name: give the class one "
-                    f'(e.g. metrics_name = "{type(engine).__name__.lower()}"), its counters are logged as '
+                    f"{type(layer).__name__} keeps stats but declares no metrics_name: give the class one "
+                    f'(e.g. metrics_name = "{type(layer).__name__.lower()}"), its counters are logged as '
                     "search/<metrics_name>/<counter>"
                 )
             out.update({f"search/{name}/{key}": float(value) for key, value in stats.items()})

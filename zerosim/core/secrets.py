@@ -50,7 +50,9 @@ class Secret:
     __str__ = __repr__
 
     def __reduce__(self):
-        raise TypeError(f"a Secret (${self.name}) is not pickled: read it from the environment where it is used")
+        raise TypeError(
+            f"a Secret (${self.name}) is not pickled: read it from the environment where it is used"
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Secret) and other._value == self._value

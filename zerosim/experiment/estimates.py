@@ -126,3 +126,99 @@ def rates_basis(stages: Sequence[Stage]) -> str:
     if all(rate.measured for rate in GPU_RATES.values()):
         return "GPU rates"
     return "GPU rates, unmeasured: guesses for a ~3B policy until this experiment's own stages time them"
+
+
+# -- web search: how many queries a plan may send, and what they cost ----------------------------------------
+
+
+def web_queries(stage: Stage, processes: int) -> int | None:
+    """The most queries ``stage`` sends to a web search API (``search.engine=web``, or mixed over web at its
+    largest real share), or None when it sends none or the count is unknown (an evaluation of every row).
+    A training step makes ``per_device_train_batch_size x gradient_accumulation_steps x processes``
+    trajectories of at most ``rollout.max_turns`` searches each (``max_tool_calls`` under tools); an
+    evaluation, one per question (rag) or up to ``max_turns`` (agent). Repeats come from the cache, free."""
+    from zerosim.core.engine_names import EngineName
+
+    c = stage.config
+    search = getattr(c, "search", None)
+    if search is None or stage.kind not in (Kind.train, Kind.eval):
+        return None
+    engine = EngineName(search.engine)
+    share = 1.0
+    if engine == EngineName.mixed and EngineName(search.mixed.real) == EngineName.web:
+        m = search.mixed
+        share = max(m.real_share, m.real_share if m.real_share_end is None else m.real_share_end)
+    elif engine != EngineName.web:
+        return None
+    r = c.rollout
+    per_trajectory = r.max_tool_calls if str(r.protocol) == "tools" else r.max_turns
+    if stage.kind == Kind.train:
+        t = c.trainer
+        trajectories = t.max_steps * t.per_device_train_batch_size * t.gradient_accumulation_steps * processes
+        return round(trajectories * per_trajectory * share)
+    if str(c.method) == "direct" or c.limit is None:
+        return None
+    per_question = 1 if str(c.method) == "rag" else per_trajectory
+    return c.limit * len(c.datasets) * per_question
+
+
+def launcher_processes(launcher: str | None) -> int:
+    """The processes a ``train_launcher`` starts (``--num_processes``, or its accelerate ``--config_file``); 1
+    without a launcher, 1 where it says nothing readable."""
+    import shlex
+
+    if not launcher:
+        return 1
+    words = shlex.split(launcher)
+    for i, word in enumerate(words):
+        value = words[i + 1] if word in ("--num_processes", "--config_file") and i + 1 < len(words) else None
+        if word == "--num_processes" and value and value.isdigit():
+            return int(value)
+        if word == "--config_file" and value and Path(value).is_file():
+            from zerosim.training.memory import launch_from_config
+
+            return launch_from_config(Path(value)).processes
+    return 1
+
+
+def web_plan(stages: Sequence[Stage], launcher: str | None) -> list[str]:
+    """The dry run's lines on web search: each stage's most queries and their cost at its provider's price, and
+    the sum; [] when no stage searches the web."""
+    from eval.web import PRICE_DATE, PROVIDERS
+
+    processes = launcher_processes(launcher)
+    lines, total_q, total_usd = [], 0, 0.0
+    for stage in stages:
+        queries = web_queries(stage, processes)
+        search = getattr(stage.config, "search", None)
+        if search is None or (queries is None and not _searches_web(search)):
+            continue
+        w = search.web
+        provider = PROVIDERS[str(w.provider)]
+        price = provider.price_per_1k if w.price_per_1k is None else w.price_per_1k
+        if queries is None:
+            lines.append(f"  {stage.name}: one query per question or more ({provider.label}); set eval.limit to count")
+            continue
+        usd = queries * price / 1000
+        total_q, total_usd = total_q + queries, total_usd + usd
+        source = f"list price of {PRICE_DATE}" if w.price_per_1k is None else "search.web.price_per_1k"
+        lines.append(
+            f"  {stage.name}: at most {queries:,} queries to {provider.label}, est. ${usd:,.2f} "
+            f"(${price:.2f} per 1,000, {source})"
+        )
+    if not lines:
+        return []
+    return [
+        f"web search: at most {total_q:,} queries, est. ${total_usd:,.2f} in all (repeats come from the cache, "
+        "free; a replay asks nothing)",
+        *lines,
+    ]
+
+
+def _searches_web(search: Any) -> bool:
+    from zerosim.core.engine_names import EngineName
+
+    engine = EngineName(search.engine)
+    return engine == EngineName.web or (
+        engine == EngineName.mixed and EngineName(search.mixed.real) == EngineName.web
+    )

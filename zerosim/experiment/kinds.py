@@ -254,7 +254,11 @@ def finished_training(c: TrainConfig, run_dir: Path, command: str) -> dict[str, 
             "--num_processes 8`), and the recipe must keep trainer.save_final=true"
         )
     _require_run(result["run_id"], c.tracking.tracking_uri, command)
-    return {"path": str(final), "run_id": result["run_id"], "steps": int(result["steps"])}
+    from zerosim.training.recipe import read_search_ledger
+
+    done = {"path": str(final), "run_id": result["run_id"], "steps": int(result["steps"])}
+    ledger = read_search_ledger(run_dir)
+    return done if ledger is None else {**done, "search_ledger": ledger}
 
 
 def _require_run(run_id: Any, tracking_uri: str, command: str) -> None:
@@ -275,11 +279,8 @@ def _eval(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     from zerosim.engines import build_search_engine
 
     result = run_eval(stage.config, build_engine=build_search_engine)
-    return {
-        "run_id": result.run_id,
-        "rows": result.rows,
-        "questions": str(result.out_dir / "questions.jsonl"),
-    }
+    done = {"run_id": result.run_id, "rows": result.rows, "questions": str(result.out_dir / "questions.jsonl")}
+    return {**done, "search_ledger": {"web": result.ledger}} if result.ledger else done
 
 
 def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
@@ -289,8 +290,19 @@ def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     scores = [EvalScores.of(s, ctx.outputs[s.name]) for s in evals]
     records = {s.name: done for s in ctx.stages if (done := read_stage(s, ctx.root)) is not None}
     # the search and rollout settings every policy was evaluated with: the base recipe's
+    from zerosim.experiment.report import search_costs
+
+    trains = [s for s in ctx.stages if s.kind == Kind.train]
+    web = (trains[0].config if trains else evals[0].config).search.web  # the base recipe's provider and price
+    costs = search_costs(ctx.stages, ctx.outputs, web)
     return write_report(
-        ctx.cfg, scores, records, evals[0].config, ctx.root, arms=describe_arms(ctx.cfg, ctx.stages)
+        ctx.cfg,
+        scores,
+        records,
+        evals[0].config,
+        ctx.root,
+        arms=describe_arms(ctx.cfg, ctx.stages),
+        costs=costs,
     )
 
 

@@ -238,6 +238,7 @@ def write_report(
     root: Path,
     arms: dict[str, str] | None = None,
     interim: dict[str, Any] | None = None,
+    costs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run. ``arms``: what
     each arm changes against the base recipe, in words. ``interim`` (the evaluations finished and those still
@@ -310,6 +311,7 @@ def write_report(
         "inference": inference(r),
         "arms": arms or {},
         "manifest": manifest(cfg, records, evaluated),
+        "search_cost": costs or {},
     }
     if interim is not None:
         report["interim"] = interim
@@ -431,6 +433,7 @@ def report_markdown(report: dict[str, Any]) -> str:
                 )
     from zerosim.experiment.provenance import provenance_markdown
 
+    lines += _cost_markdown(report.get("search_cost") or {})
     lines += _runs_markdown(report["rows"])
     lines += provenance_markdown(report["rows"])
     stages = report["manifest"]["stages"]
@@ -452,6 +455,64 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {minutes} | {'?' if others is None else f'{others:.0%}'} | {_code(s.get('code'), current)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def search_costs(
+    stages: Sequence[Any], outputs: dict[str, dict[str, Any]], web: Any
+) -> dict[str, Any]:
+    """Per arm: the searches its training made (all seeds), what it asked the web (training and evaluation:
+    requests, cache hits, estimated cost) and what its training's searches would have cost on the web at
+    ``web``'s provider and price (``search.web`` of the base recipe) — for a simulator arm, what the simulator
+    saved. Empty when no stage kept a ledger (records of an older version)."""
+    from eval.web import PRICE_DATE, PROVIDERS
+
+    provider = PROVIDERS[str(web.provider)]
+    price = provider.price_per_1k if web.price_per_1k is None else web.price_per_1k
+    arms: dict[str, dict[str, Any]] = {}
+    for stage in stages:
+        ledger = (outputs.get(stage.name) or {}).get("search_ledger")
+        arm = stage.meta.get("arm")
+        if not ledger or arm is None:
+            continue
+        row = arms.setdefault(
+            arm, {"arm": arm, "seeds": 0, "searches": 0, "web_requests": 0, "cache_hits": 0, "web_cost_usd": 0.0}
+        )
+        if "searches" in ledger:  # a training stage
+            row["seeds"] += 1
+            row["searches"] += int(ledger["searches"])
+        for entry in ledger.get("web", []):
+            row["web_requests"] += int(entry["requests"])
+            row["cache_hits"] += int(entry["cache_hits"])
+            row["web_cost_usd"] += float(entry["cost_usd"])
+    for row in arms.values():
+        row["searches_at_web_price_usd"] = row["searches"] * price / 1000
+    source = f"list price of {PRICE_DATE}" if web.price_per_1k is None else "search.web.price_per_1k"
+    return {"provider": provider.label, "price_per_1k": price, "price_source": source, "arms": list(arms.values())}
+
+
+def _cost_markdown(costs: dict[str, Any]) -> list[str]:
+    if not costs.get("arms"):
+        return []
+    lines = [
+        "",
+        f"### Search cost (priced at {costs['provider']}, ${costs['price_per_1k']:.2f} per 1,000 requests, "
+        f"{costs['price_source']})",
+        "",
+        "| arm | training seeds | searches in training | web requests (train + eval) | cache hits | web cost | "
+        "training's searches at the web's price |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in costs["arms"]:
+        lines.append(
+            f"| {r['arm']} | {r['seeds']} | {r['searches']} | {r['web_requests']} | {r['cache_hits']} | "
+            f"${r['web_cost_usd']:.2f} | ${r['searches_at_web_price_usd']:.2f} |"
+        )
+    lines += [
+        "",
+        "The last column is what an arm's training searches would have cost as web requests (no cache): for an "
+        "arm searching the simulator, what the simulator saved.",
+    ]
+    return lines
 
 
 def _p(p: float | None) -> str:

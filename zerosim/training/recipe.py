@@ -191,6 +191,43 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
 RESULT_FILE = "result.json"  # <output_dir>/<name>/result.json: written last, by a job that trained to its end
 
 
+LEDGER_FILE = "search_ledger.rank{rank}.json"  # each rank's searches and paid engines' ledgers, at the end
+
+
+def _write_search_ledger(job, rollout, engine) -> None:
+    """This rank's count of searches and the ledgers of its paid engines (web search), beside the result;
+    :func:`read_search_ledger` sums the ranks. A resumed run counts from its resume."""
+    import json
+
+    from zerosim.core.search import ledgers
+
+    entry = {"searches": rollout.searches, "web": ledgers(engine)}
+    name = LEDGER_FILE.format(rank=job.procs.process_index)
+    atomic_write_text(job.output_dir / name, json.dumps(entry))
+
+
+def read_search_ledger(output_dir: Path) -> dict[str, Any] | None:
+    """The run's search ledger, its ranks summed: ``searches`` and one merged ledger per web provider; None when
+    no rank wrote one (a run of an older version)."""
+    import json
+
+    files = sorted(Path(output_dir).glob(LEDGER_FILE.format(rank="*")))
+    if not files:
+        return None
+    searches, web = 0, {}
+    for path in files:
+        entry = json.loads(path.read_text())
+        searches += int(entry.get("searches", 0))
+        for ledger in entry.get("web", []):
+            merged = web.get(ledger["provider"])
+            if merged is None:
+                web[ledger["provider"]] = dict(ledger)
+                continue
+            for key in ("requests", "cache_hits", "empty", "fallback", "cost_usd"):
+                merged[key] = merged.get(key, 0) + ledger.get(key, 0)
+    return {"searches": searches, "web": list(web.values())}
+
+
 def read_result(output_dir: Path) -> dict[str, Any] | None:
     """What a finished training job wrote (:data:`RESULT_FILE`: run id, steps, final model), or None."""
     import json
@@ -367,6 +404,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
         _fit(job, trainer, state_callback)
         _after_training(job, trainer, rollout, guard, validation)
         checkpoint = _save_final(job, trainer, tokenizer, validation, guard)
+        _write_search_ledger(job, rollout, engine)
         if job.main:  # last: its presence says the job trained to its end (an experiment's launcher reads it)
             import json
 

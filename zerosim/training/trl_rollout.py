@@ -47,6 +47,7 @@ class TRLRollout:
         answer_window: int = 16,
     ):
         self.loop = loop
+        self.searches = 0  # searches this rank's rollouts made (the run's search ledger)
         self.log_metric = log_metric
         self.num_samples = num_samples
         self.sample_every = max(1, sample_every)
@@ -90,6 +91,7 @@ class TRLRollout:
             else:
                 generator = loop.generator_for(model, collective=synced_decoding(model, sync))
             trajectories, timing = loop.run(generator, prompts, step, sync=sync, offset=offset)
+        self.searches += sum(t.searches for t in trajectories)
         for name, value in loop.metrics(trajectories, step, timing).items():
             self.log_metric(name, value)
         for name, value in answer_signals(trajectories, self.recent_answers).items():
