@@ -356,3 +356,31 @@ def test_mixed_search_routes_its_real_part_to_the_web(keyed, tmp_path, tiny_mode
         [docs] = engine.search([SearchRequest(query="capital of France", source="real")], 3)
         engine.close()
     assert stub.hits == 1 and docs[0].title == "Result 1 about the query"
+
+
+def test_training_over_web_logs_its_ledger_and_writes_the_key_nowhere(
+    keyed, tmp_path, tiny_model_dir, capitals, mlflow_db, zerosim_cli, monkeypatch
+):
+    """`zerosim train` with search.engine=web (validation over the web too): the run's config, params, logs and
+    files hold the variable's name, never the key; each rank's search ledger lands beside the result."""
+    import mlflow
+
+    monkeypatch.setenv("ZEROSIM_HOME", str(tmp_path / "home"))
+    qa, _ = capitals(4)
+    with WebStub("serper", KEY) as stub:
+        out = zerosim_cli(
+            "train", "--config", str(ROOT / "configs" / "demo.yaml"), f"run.output_dir={tmp_path / 'out'}",
+            "run.name=web", f"policy.model={tiny_model_dir}", "search.engine=web", f"search.web.endpoint={stub.url}",
+            "search.web.requests_per_second=null", f"data.train={qa}", "trainer.max_steps=1",
+            "trainer.per_device_train_batch_size=4", "trainer.num_generations=2", "rollout.max_new_tokens=8",
+            "rollout.max_turns=2", f"tracking.tracking_uri={mlflow_db}", "tracking.experiment=web",
+            "warmstart.enabled=false", "curriculum.p_start=0.0", "curriculum.p_end=0.0", "validation.every=1",
+            "validation.engine=web", "validation.max_examples=2", "validation.batch_size=2",
+        ).output  # fmt: skip
+    mlflow.set_tracking_uri(mlflow_db)
+    (run,) = mlflow.search_runs(experiment_names=["web"], output_format="list")
+    assert run.info.status == "FINISHED" and run.data.params["search.web.api_key_env"] == "None"
+    assert "search/web/requests" in run.data.metrics and "search/web/cost_usd" in run.data.metrics
+    ledger = json.loads((tmp_path / "out" / "web" / "search_ledger.rank0.json").read_text())
+    assert ledger["web"][0]["provider"] == "Serper (Google)" and ledger["web"][0]["requests"] == stub.hits
+    assert KEY not in out and _scan(tmp_path, KEY) == []
