@@ -331,3 +331,35 @@ def test_a_checkpoint_of_an_older_zerosim_is_refused_saying_so(tmp_path):
     (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "e" * 32}))
     with pytest.raises(ConfigError, match="saved by an older zerosim"):
         resume_point(_cfg(tmp_path, "run.resume=true"), folder)
+
+
+def test_a_same_size_damaged_checkpoint_is_refused_naming_the_file(finished_run):
+    """256 KiB zeroed in the middle of the weights keeps every size: the digests recorded at save refuse it."""
+    from zerosim.training.recipe import resume_point
+
+    folder, cfg = finished_run
+    weights = folder / "checkpoint-3" / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\0" * min(256 * 1024, size // 4))
+    assert weights.stat().st_size == size
+    with pytest.raises(ConfigError, match=r"checkpoint-3 is damaged: model.safetensors no longer hold"):
+        resume_point(cfg, folder)
+
+
+def test_a_damaged_newest_checkpoint_names_the_one_before_that_verifies(tmp_path):
+    from zerosim.training.checkpoint import _refuse_damaged, file_digest
+
+    blob = {"model.bin": b"abc"}
+    first = _checkpoint(tmp_path, 1, {"global_step": 1, "files": {"model.bin": 3}}, blob)
+    digest = file_digest(first / "model.bin")
+    torch.save({"global_step": 1, "files": {"model.bin": 3}, "digests": {"model.bin": digest}},
+               first / "zerosim_state.pt")  # fmt: skip
+    newest = _checkpoint(
+        tmp_path, 2, {"global_step": 2, "files": {"model.bin": 3}, "digests": {"model.bin": digest}},
+        {"model.bin": b"abd"},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"checkpoint-1 is complete and verifies: move the damaged one aside"):
+        _refuse_damaged(tmp_path, newest)
+    _refuse_damaged(tmp_path, first)  # an intact newest passes

@@ -5,7 +5,8 @@ transformers writes the model, optimizer, LR scheduler, RNG states and ``trainer
 :class:`ZerosimState` writes ``zerosim_state.pt`` (atomically, always last): the MLflow run id and config the
 checkpoint belongs to, a list of the files written before it, the curriculum state, the PPO critic and its
 optimizer, and what the run has only in memory (sample trajectories, validation history). A checkpoint is
-complete when that file is there and every file it lists is there at its size. Old checkpoints are deleted
+complete when that file is there and every file it lists is there at its size; a resume also checks every
+file's sha256, recorded at save (:func:`damaged_files`), so a same-size damage is refused, not resumed. Old checkpoints are deleted
 only after the newest is complete (transformers' own rotation, which runs before our file is written, is
 off: ``save_total_limit=None``), so a kill at any point leaves one to resume from.
 """
@@ -150,6 +151,36 @@ def _missing_files(checkpoint: Path, state: dict[str, Any]) -> list[str]:
     return missing
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks (hashlib's ``file_digest``)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def damaged_files(checkpoint: Path, state: dict[str, Any]) -> list[str]:
+    """The files of ``checkpoint`` whose bytes are not those recorded at save (``state["digests"]``); [] for
+    a checkpoint of a version that recorded none (its sizes were checked by :func:`complete`)."""
+    return [
+        name
+        for name, digest in state.get("digests", {}).items()
+        if not (checkpoint / name).is_file() or file_digest(checkpoint / name) != digest
+    ]
+
+
+def verified_checkpoint(output_dir: Path) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """The newest complete checkpoint whose files hold what was saved, and the newer complete ones that do not
+    (each with its damaged files), newest first."""
+    damaged = []
+    for _, path in reversed(checkpoints(output_dir)):
+        if not complete(path):
+            continue
+        bad = damaged_files(path, read_state(path, mmap=True))
+        if not bad:
+            return path, damaged
+        damaged.append((path, bad))
+    return None, damaged
+
+
 def complete(path: Path) -> bool:
     """Whether ``checkpoint-N`` is complete: our state file (readable), ``trainer_state.json`` and every file
     the state lists (model, optimizer, scheduler, RNG states: written before it) at their sizes."""
@@ -241,6 +272,8 @@ class ZerosimState(TrainerCallback):
             "config": self.config,
             "fingerprint": config_fingerprint(self.config),
             "files": files,
+            # what each file holds, checked before a resume loads it (a same-size damage passes the sizes)
+            "digests": {name: file_digest(checkpoint / name) for name in files},
         }
         if hasattr(self.schedule, "state_dict"):
             payload["schedule"] = self.schedule.state_dict()
@@ -379,6 +412,8 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
         return None, None
     checkpoint = last_complete_checkpoint(output_dir)
     run_id = recorded_run(output_dir)
+    if checkpoint is not None:
+        _refuse_damaged(output_dir, checkpoint)
     if checkpoint is None or run_id is None:
         raise FileNotFoundError(
             f"resume=true but {output_dir} holds no complete checkpoint-N (with {STATE_FILE}) and {RUN_FILE}; "
@@ -411,6 +446,28 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
         )
     _check_tracked(cfg, run_id)
     return checkpoint, run_id
+
+
+def _refuse_damaged(output_dir: Path, newest: Path) -> None:
+    """A newest complete checkpoint whose bytes are not those saved (a lost write, a cut copy) is refused,
+    naming its damaged files and the newest one that verifies (reading every file of the checkpoints checked:
+    about a second per GB)."""
+    good, damaged = verified_checkpoint(output_dir)
+    if not damaged or damaged[0][0] != newest:
+        return
+    path, bad = damaged[0]
+    shown = ", ".join(bad[:4]) + (f" (and {len(bad) - 4} more)" if len(bad) > 4 else "")
+    if good is not None:
+        way = (
+            f"{good.name} is complete and verifies: move the damaged one aside (mv {path} "
+            f"{path.parent / ('damaged-' + path.name)}) and resume again, which continues from {good.name}"
+        )
+    else:
+        way = "no earlier checkpoint verifies either: start the run again (without resume=true) elsewhere"
+    raise CheckpointError(
+        f"{path} is damaged: {shown} no longer hold the bytes saved there (same size, other content: a lost "
+        f"write or a cut copy), so resuming would continue from wrong weights. {way}"
+    )
 
 
 def _check_tracked(cfg: TrainConfig, run_id: str) -> None:
