@@ -148,6 +148,7 @@ def _write_index(tmp: Path, retriever, docs: Sequence[Document], source: str | N
         "zerosim_version": __version__,
         "corpus": {**fingerprint, "source": source},
         **retriever.manifest_fields(),
+        "files": index_file_digests(tmp),  # the stored index itself: checked at every load
     }
     manifest["checksum"] = manifest_checksum(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -290,6 +291,28 @@ def docs_digest(path: str | Path) -> tuple[str, int]:
     return _DOCS_DIGESTS[key]
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 of a file as stored, cached per file version (size, mtime, inode) for the process."""
+    key = _file_key(path)
+    if key not in _FILE_DIGESTS:
+        with open(path, "rb") as f:
+            _FILE_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _FILE_DIGESTS[key]
+
+
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def index_file_digests(folder: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of an index's own data (bm25s arrays, faiss files, embeddings): everything
+    but the passages (fingerprinted apart) and the manifest."""
+    return {
+        path.relative_to(folder).as_posix(): file_sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name not in (DOCS, MANIFEST)
+    }
+
+
 def corpus_file_fingerprint(corpus: str | Path) -> dict:
     """:func:`corpus_fingerprint` of a corpus file's passages (parsed once per file version and process)."""
     from zerosim.core.data.qa import load_corpus
@@ -351,6 +374,18 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
     data = index_dir / ("bm25s" if manifest["kind"] == "bm25" else "faiss.index")
     if not data.exists():
         raise damaged_index_error(index_dir, manifest, f"{data.name} is missing")
+    for name, digest in (manifest.get("files") or {}).items():  # an index built before digests: none
+        path = index_dir / name
+        if not path.is_file():
+            raise damaged_index_error(index_dir, manifest, f"{name} is missing")
+        found = file_sha256(path)
+        if found != digest:
+            raise damaged_index_error(
+                index_dir,
+                manifest,
+                f"{name} was changed after the build (sha256 {found[:12]}, the manifest records "
+                f"{str(digest)[:12]}): its rankings are not the ones built",
+            )
     embeddings = index_dir / EMBEDDINGS
     if manifest["kind"] == "dense" and embeddings.is_file():
         expected = lines * int(manifest["dense"].get("dimension", 0)) * 4

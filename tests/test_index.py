@@ -191,3 +191,20 @@ def test_chunked_memmap_indexing_matches_one_shot(corpora, tiny_encoder, tmp_pat
     np.testing.assert_allclose(
         [[d.score for d in r] for r in a], [[d.score for d in r] for r in b], atol=1e-5
     )
+
+
+def test_a_tampered_bm25_array_of_the_same_shape_is_refused_at_load(bm25_index, tmp_path):
+    """Scores permuted in place (same dtype, shape and size) change every ranking: the digest of each index
+    file, recorded at build, refuses the load naming the file and the rebuild."""
+    import shutil
+
+    copy = tmp_path / "bm25"
+    shutil.copytree(bm25_index, copy)
+    scores = copy / "bm25s" / "data.csc.index.npy"
+    data = np.load(scores)
+    np.save(scores, np.random.default_rng(0).permutation(data))
+    assert np.load(scores).shape == data.shape
+    with pytest.raises(IndexMismatchError, match=r"bm25s/data.csc.index.npy was changed after the build.*zerosim index build"):
+        load_index(copy)
+    assert "bm25s/data.csc.index.npy" in read_manifest(bm25_index)["files"]
+    load_index(bm25_index)  # the untouched one loads
