@@ -192,31 +192,34 @@ def build_index(
     if kind not in KINDS:
         raise ValueError(f"unknown index kind {kind!r}; valid: {', '.join(KINDS)}")
     corpus, out = Path(corpus), Path(out)
-    docs = load_corpus(corpus)
-    if not docs:
-        raise ValueError(f"{corpus} holds no passages")
-    check_unique_ids(docs, corpus)
-    with staged_dir(out) as tmp:
-        if kind == "bm25":
-            from eval.bm25 import BM25Retriever
+    from zerosim.core.fsutil import folder_lock
 
-            retriever = BM25Retriever(docs).index(show_progress=progress)
-        else:
-            from eval.dense import DenseRetriever
+    with folder_lock(out, "zerosim index build"):  # one build into --out at a time
+        docs = load_corpus(corpus)
+        if not docs:
+            raise ValueError(f"{corpus} holds no passages")
+        check_unique_ids(docs, corpus)
+        with staged_dir(out) as tmp:
+            if kind == "bm25":
+                from eval.bm25 import BM25Retriever
 
-            retriever = DenseRetriever(
-                docs,
-                encoder=encoder,
-                faiss_type=faiss_type,
-                faiss_options=faiss_options,
-                query_prefix=query_prefix,
-                passage_prefix=passage_prefix,
-                batch_size=batch_size,
-                device=device,
-            )
-            retriever.index(embeddings_path=tmp / EMBEDDINGS, chunk_size=chunk_size, progress=progress)
-        _write_index(tmp, retriever, docs, source=str(corpus.resolve()))
-    return out
+                retriever = BM25Retriever(docs).index(show_progress=progress)
+            else:
+                from eval.dense import DenseRetriever
+
+                retriever = DenseRetriever(
+                    docs,
+                    encoder=encoder,
+                    faiss_type=faiss_type,
+                    faiss_options=faiss_options,
+                    query_prefix=query_prefix,
+                    passage_prefix=passage_prefix,
+                    batch_size=batch_size,
+                    device=device,
+                )
+                retriever.index(embeddings_path=tmp / EMBEDDINGS, chunk_size=chunk_size, progress=progress)
+            _write_index(tmp, retriever, docs, source=str(corpus.resolve()))
+        return out
 
 
 def read_manifest(index_dir: str | Path) -> dict:
@@ -374,6 +377,24 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
     data = index_dir / ("bm25s" if manifest["kind"] == "bm25" else "faiss.index")
     if not data.exists():
         raise damaged_index_error(index_dir, manifest, f"{data.name} is missing")
+    embeddings = index_dir / EMBEDDINGS
+    if manifest["kind"] == "dense" and embeddings.is_file():
+        expected = lines * int(manifest["dense"].get("dimension", 0)) * 4
+        if embeddings.stat().st_size != expected:
+            raise damaged_index_error(
+                index_dir,
+                manifest,
+                f"{EMBEDDINGS} holds {embeddings.stat().st_size} bytes, expected {expected} "
+                f"({lines} passages x {manifest['dense'].get('dimension')} float32)",
+            )
+    return manifest
+
+
+def check_file_digests(index_dir: Path, manifest: dict) -> None:
+    """Every stored index file hashes to the sha256 its manifest's ``files`` recorded at the build (an index
+    built before digests has none). Run after the loaders' own checks, which name the more specific damage
+    (counts, sizes, faiss type) where there is one; this catches what they cannot see (same shape, other
+    values)."""
     for name, digest in (manifest.get("files") or {}).items():  # an index built before digests: none
         path = index_dir / name
         if not path.is_file():
@@ -386,17 +407,6 @@ def verify_index(index_dir: str | Path, manifest: dict | None = None) -> dict:
                 f"{name} was changed after the build (sha256 {found[:12]}, the manifest records "
                 f"{str(digest)[:12]}): its rankings are not the ones built",
             )
-    embeddings = index_dir / EMBEDDINGS
-    if manifest["kind"] == "dense" and embeddings.is_file():
-        expected = lines * int(manifest["dense"].get("dimension", 0)) * 4
-        if embeddings.stat().st_size != expected:
-            raise damaged_index_error(
-                index_dir,
-                manifest,
-                f"{EMBEDDINGS} holds {embeddings.stat().st_size} bytes, expected {expected} "
-                f"({lines} passages x {manifest['dense'].get('dimension')} float32)",
-            )
-    return manifest
 
 
 def _check_imported_files(index_dir: Path, manifest: dict) -> None:
@@ -488,6 +498,7 @@ def load_index(
         from eval.dense import DenseRetriever
 
         engine = DenseRetriever.from_files(index_dir, docs, manifest, device=device)
+    check_file_digests(index_dir, manifest)  # before a query reaches it
     engine.manifest, engine.index_dir = manifest, index_dir
     logger.info(
         "index %s: %s, %d passages from %s%s",

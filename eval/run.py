@@ -198,15 +198,19 @@ def run_eval(
     check_output_folder(Path(cfg.output_dir) / run_name(cfg), "output_dir")  # and the folder it writes
     if cfg.method != "direct" and build_engine is None:
         raise TypeError(f"method {cfg.method} needs build_engine= (zerosim.engines.build_search_engine)")
-    tokenizer = load_tokenizer(cfg.policy)
-    evaluator = _evaluator(cfg, tokenizer, build_engine)
-    # closed however the run ends, and held by nothing after: a frame kept past its end (any traceback kept
-    # from under it holds it) would keep a vLLM engine, which the next eval stage in this process needs room for
-    try:
-        return _evaluate(cfg, evaluator, loaded, progress)
-    finally:
-        evaluator.close()
-        del evaluator
+    from zerosim.core.fsutil import folder_lock
+
+    with folder_lock(Path(cfg.output_dir) / run_name(cfg), "zerosim eval"):  # one evaluation per folder
+        tokenizer = load_tokenizer(cfg.policy)
+        evaluator = _evaluator(cfg, tokenizer, build_engine)
+        # closed however the run ends, and held by nothing after: a frame kept past its end (any traceback
+        # kept from under it holds it) would keep a vLLM engine, which the next eval stage in this process
+        # needs room for
+        try:
+            return _evaluate(cfg, evaluator, loaded, progress)
+        finally:
+            evaluator.close()
+            del evaluator
 
 
 def _evaluator(cfg: HarnessConfig, tokenizer, build_engine: Callable[..., SearchEngine] | None) -> Evaluator:

@@ -229,6 +229,18 @@ def _build_trainer(cfg: SimulatorTrainConfig, model, tokenizer, out: Path):
 
 
 def run_sft(cfg: SimulatorTrainConfig) -> Path:
+    """:func:`_run_sft` holding its output folder (``output_dir/name``): a second job into it is refused."""
+    import os
+
+    from zerosim.core.fsutil import folder_lock
+
+    if os.environ.get("RANK", "0") != "0":  # one lock per job: its first rank holds it
+        return _run_sft(cfg)
+    with folder_lock(Path(cfg.output_dir) / cfg.name, "zerosim simulator train"):
+        return _run_sft(cfg)
+
+
+def _run_sft(cfg: SimulatorTrainConfig) -> Path:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the checkpoint directory (written atomically)."""
     import mlflow
 

@@ -191,3 +191,46 @@ def check_output_folder(path: str | Path, key: str) -> None:
                 f"{key}: {here} is an existing file, not a folder{within}; point {key} at a folder (it is "
                 "created when missing) or move the file"
             )
+
+
+_FOLDER_LOCKS: dict[str, FileLock] = {}  # one FileLock per folder in this process (re-entrant)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, job: str) -> Iterator[None]:
+    """One writer per output folder: while ``job`` (``"zerosim train"``, ...) writes ``folder``, another
+    process asking for it is refused at once, naming the process that holds it. The lock lives beside the folder
+    (``.<name>.writer.lock``, with ``.<name>.writer.json``: pid, host, job; both removed when released), so the
+    folder itself holds only what the job writes and may be replaced whole (an index build). Re-entrant within
+    a process."""
+    import json
+    import socket
+
+    from zerosim.core.config import ConfigError
+
+    folder = Path(folder).expanduser().absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f".{folder.name}.writer.lock"  # not build_once's .<name>.lock: a build holds both
+    owner_file = folder.parent / f".{folder.name}.writer.json"
+    lock = _FOLDER_LOCKS.setdefault(str(path), FileLock(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            owner = json.loads(owner_file.read_text())
+        except (OSError, ValueError):
+            owner = {}
+        who = f"{owner.get('job', 'another zerosim job')}, pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
+        raise ConfigError(
+            f"{folder} is being written by another process ({who}); wait for it to end, or write this one "
+            "to another folder (another run.name / output_dir / --out)"
+        ) from None
+    try:
+        if lock.lock_counter == 1:
+            atomic_write_text(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": job}))
+        yield
+    finally:
+        lock.release()
+        if not lock.is_locked:  # the last holder in this process: leave no trace beside the folder
+            owner_file.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)

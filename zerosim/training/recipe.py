@@ -375,7 +375,7 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     """The job's steps, in order: every check before any weight loads, then the search engine (a damaged index
     or a server that is down stops the job before the policy loads), the policy, the rollout, the trainer under
     one MLflow run, training, and what it leaves behind."""
-    job = _checked_job(cfg)
+    job = _checked_job(cfg, resources)
     questions = training_questions(cfg)
     dataset, examples = build_dataset(questions)
     engine = closing(
@@ -418,10 +418,11 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
         )
 
 
-def _checked_job(cfg: TrainConfig) -> _Job:
+def _checked_job(cfg: TrainConfig, resources: ExitStack | None = None) -> _Job:
     """The process set up (threads, seeds) and everything checked that can be without loading a weight: vLLM,
-    the output folder, the run a resume continues (its id and config), and what ``--dry-run`` checks (data
-    files, paths, URLs). Then the machine line, which the times printed after are measured on."""
+    the output folder (held by this job from here, ``resources`` closing it: a second run into it is refused),
+    the run a resume continues (its id and config), and what ``--dry-run`` checks (data files, paths, URLs).
+    Then the machine line, which the times printed after are measured on."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented path we build on
@@ -434,6 +435,10 @@ def _checked_job(cfg: TrainConfig) -> _Job:
     seed_everything(cfg.run.seed)
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     check_output_folder(output_dir, "run.output_dir")
+    if procs.is_main_process and resources is not None:  # the ranks of one job share it; another job may not
+        from zerosim.core.fsutil import folder_lock
+
+        resources.enter_context(folder_lock(output_dir, "zerosim train"))
     # which run this job continues, if any: checked (run id, config) before any weight loads
     checkpoint_in, run_id = resume_point(cfg, output_dir)
     from zerosim.training.dry_run import plan

@@ -181,7 +181,19 @@ def _pages(engine, search, rollout):
     return reading_pages(engine, search, prefix="warmstart.search.")
 
 
-def run_warmstart(
+def run_warmstart(cfg: WarmstartConfig, *, output_dir: Path, **kwargs) -> Path:
+    """:func:`_run_warmstart` holding ``output_dir``: a second warm start into it is refused at once."""
+    import os
+
+    from zerosim.core.fsutil import folder_lock
+
+    if os.environ.get("RANK", "0") != "0":
+        return _run_warmstart(cfg, output_dir=output_dir, **kwargs)
+    with folder_lock(output_dir, "zerosim policy warmstart"):
+        return _run_warmstart(cfg, output_dir=output_dir, **kwargs)
+
+
+def _run_warmstart(
     cfg: WarmstartConfig, *, policy: str, seed: int, tracking, output_dir: Path, engine=None, rollout=None
 ) -> Path:
     """SFT ``policy`` on synthetic trajectories; returns the checkpoint directory (an MLflow run is logged).
