@@ -389,3 +389,44 @@ def test_a_critic_and_a_killed_checkpoint_deletion_do_not_travel(tmp_path):
         (run / folder / "config.json").write_text("{}")
     (run / "result.json").write_text("{}")
     assert set(written_files(train, root)) == {"real/result.json"}
+
+
+def test_a_record_naming_files_outside_its_stage_folder_is_refused_on_import_and_on_reuse(tmp_path, zerosim_cli, monkeypatch):
+    """An exported eval record whose outputs.questions points at another file (every answer right) must not
+    reach the report; a record whose model path is elsewhere must not be reused."""
+    import shutil
+
+    REPO = ROOT
+    monkeypatch.chdir(REPO)
+    export = tmp_path / "export"
+    shutil.copytree(REPO / "results" / "curriculum-ablation-v2-cpu", export)
+    record_file = export / "eval-real-s0-bm25" / "stage.json"
+    record = json.loads(record_file.read_text())
+    forged = tmp_path / "all-right.jsonl"
+    forged.write_text("")
+    record["outputs"]["questions"] = str(forged)
+    record_file.write_text(json.dumps(record))
+    manifest = json.loads((export / "export.json").read_text())  # the sizes updated, as a careful editor would
+    manifest["files"]["eval-real-s0-bm25"]["stage.json"] = record_file.stat().st_size
+    (export / "export.json").write_text(json.dumps(manifest))
+    refused = zerosim_cli(
+        "experiment", "--config", "configs/experiments/curriculum-ablation-v2-cpu.yaml", "--import", str(export),
+        f"output_dir={tmp_path / 'runs'}", "--dry-run", code=None,
+    )  # fmt: skip
+    assert refused.exit_code == 2
+    assert "eval-real-s0-bm25/stage.json: outputs.questions is" in refused.output
+    assert "not inside the stage's folder" in refused.output
+
+
+def test_a_local_record_pointing_elsewhere_is_refused_when_read(tmp_path):
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment.kinds import Kind, Stage, read_stage
+
+    stage = Stage("train-real-s0", Kind.train, None, [])
+    folder = stage.dir(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "stage.json").write_text(json.dumps({"key": "k", "outputs": {"path": "/tmp/other/final"}}))
+    with pytest.raises(ConfigError, match=r"outputs.path is '/tmp/other/final', not inside the stage's folder"):
+        read_stage(stage, tmp_path)
+    (folder / "stage.json").write_text(json.dumps({"key": "k", "outputs": {"path": "<root>/stages/train-real-s0/real/final"}}))
+    assert read_stage(stage, tmp_path)["outputs"]["path"] == str(tmp_path / "stages/train-real-s0/real/final")

@@ -92,7 +92,37 @@ def read_stage(stage: Stage, root: Path) -> dict[str, Any] | None:
     if missing or not isinstance(record["outputs"], dict):
         what = f"no {', '.join(missing)}" if missing else "its outputs are not a mapping"
         raise ConfigError(f"{path}: not a stage record ({what}); {fix}")
+    outside = outputs_outside(stage, record, str(root))
+    if outside is not None:
+        raise ConfigError(f"{path}: {outside}; {fix}")
     return record
+
+
+def _path_like(value: str) -> bool:
+    return value.startswith(("/", ROOT, "~", "./", "../"))
+
+
+def outputs_outside(stage: Stage, record: dict[str, Any], root: str = ROOT) -> str | None:
+    """Why a record's outputs name a file outside the stage's own folder (``<root>/stages/<name>/…``; the
+    report's, ``<root>/…``), or None: a record names only what its stage wrote, so an edited or foreign record
+    cannot point the report at other answers or a reuse at other weights. ``root``: how the record writes the
+    experiment's folder (``<root>`` in an export, the folder itself once read)."""
+    import os
+
+    base = root if stage.kind == Kind.report else f"{root}/stages/{stage.name}"
+    for key, value in (record.get("outputs") or {}).items():
+        if not isinstance(value, str) or not _path_like(value):
+            continue
+        if root == ROOT:  # as exported: compared as written
+            inside, within = os.path.normpath(value), base
+        else:  # as read here: compared as the files they name
+            inside, within = str(Path(value).expanduser().resolve()), str(Path(base).resolve())
+        if not (inside == within or inside.startswith(within.rstrip("/") + "/")):
+            return (
+                f"outputs.{key} is {value!r}, not inside the stage's folder ({base}/…): a record names only "
+                "files its stage wrote there"
+            )
+    return None
 
 
 @dataclass

@@ -40,7 +40,14 @@ from typing import Any
 from zerosim.core.config import ConfigError
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.experiment.keys import recorded_key
-from zerosim.experiment.kinds import ROOT, STAGE_FILE, Stage, read_stage, relative_to_root  # noqa: F401 (ROOT: public here too)
+from zerosim.experiment.kinds import (  # noqa: F401 (ROOT: public here too)
+    ROOT,
+    STAGE_FILE,
+    Stage,
+    outputs_outside,
+    read_stage,
+    relative_to_root,
+)
 from zerosim.experiment.provenance import MODEL_KINDS, model_digest, short, written_digest
 from zerosim.experiment.runlogs import export_logs, stage_runs
 from zerosim.experiment.stagefiles import REPORT_FILES, files_problem, portable, regular_files
@@ -229,6 +236,9 @@ def _exported_record(stage: Stage, src: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: damaged stage record ({exc}); nothing was imported") from None
     if not isinstance(record, dict) or not isinstance(record.get("outputs"), dict) or "key" not in record:
         raise ConfigError(f"{path}: not a stage record (no key or outputs); nothing was imported")
+    outside = outputs_outside(stage, record)
+    if outside is not None:
+        raise ConfigError(f"{path}: {outside}; nothing was imported. Export the results again")
     return record
 
 
