@@ -107,6 +107,22 @@ class SamplingRequest(BaseModel):
     seed: StrictInt | None = Field(default=None, description="Same input + seed -> same texts.")
     n: StrictInt = Field(default=1, description="Choices per prompt; only 1 is supported.")
     stream: StrictBool = Field(default=False, description="Streaming is not supported.")
+    stop: StrictStr | list[StrictStr] | None = Field(
+        default=None,
+        description="Text ends before the first of these strings (not included), finish_reason stop; as vLLM.",
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_have_text(cls, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and any(s == "" for s in stops):
+            raise ValueError("stop holds an empty string; every stop string needs text")
+        return value
+
+    def stops(self) -> list[str]:
+        """``stop`` as a list (none: [])."""
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @field_validator("temperature")
     @classmethod
@@ -431,13 +447,14 @@ def create_openai_app(
 
         def work() -> list[Completion]:
             with _adapter(backend.model, adapter):
-                return backend.generate(
+                generated = backend.generate(
                     prompts,
                     max_new_tokens=budget,
                     temperature=float(body.temperature),
                     top_p=float(body.top_p),
                     seed=seed,
                 )
+            return cut_at_stops(generated, body.stops(), backend.tokenizer)
 
         try:
             return await queue.run(job, work, lambda: _client_gone(request))
@@ -532,6 +549,23 @@ def create_openai_app(
         )
 
     return app
+
+
+def cut_at_stops(generated: list[Completion], stops: Sequence[str], tokenizer) -> list[Completion]:
+    """Each text ended before the first of ``stops`` it holds (the stop string left out, as vLLM does by
+    default), finish_reason ``stop`` and its tokens counted again; texts holding none, as they are."""
+    if not stops:
+        return generated
+    out = []
+    for c in generated:
+        at = min((i for i in (c.text.find(s) for s in stops) if i >= 0), default=-1)
+        if at < 0:
+            out.append(c)
+            continue
+        text = c.text[:at]
+        tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+        out.append(dataclasses.replace(c, text=text, finish_reason="stop", completion_tokens=tokens))
+    return out
 
 
 def _chat_prompt(tokenizer, messages: Sequence[ChatMessage], offered: Sequence[ToolSpec] | None):

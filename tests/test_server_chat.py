@@ -204,3 +204,27 @@ def test_a_model_without_a_chat_template_or_refusing_the_messages_is_a_400(tiny_
             # the completions endpoint does not need a template
             completion = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
             assert httpx.post(f"{url}/v1/completions", json=completion, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_stop_ends_the_text_before_the_first_stop_string_as_vllm_does(client, endpoint):
+    """``stop`` (a string or a list) is honoured: the text ends before the first stop string found, which is
+    left out, and the choice finishes with "stop" (it was dropped unread before)."""
+
+    def ask(**extra):
+        if endpoint == "completions":
+            answer = client.completions.create(model="tiny", prompt="Lima is", max_tokens=LIMIT, temperature=0, **extra)
+            return answer.choices[0].text, answer.choices[0].finish_reason
+        answer = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Lima is"}], max_tokens=LIMIT, temperature=0, **extra
+        )  # fmt: skip
+        return answer.choices[0].message.content or "", answer.choices[0].finish_reason
+
+    full, _ = ask()
+    assert len(full) >= 4, full
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    cut, finish = ask(stop=["\u2603never\u2603", stop])
+    assert cut == full[: full.find(stop)] and finish == "stop"
+    assert ask(stop=stop)[0] == cut
+    with pytest.raises(openai.BadRequestError, match="empty string"):
+        ask(stop=[""])
