@@ -167,3 +167,26 @@ def test_gradient_checkpointing_reaches_grpo_config(tmp_path):
     assert grpo_args(cfg, tmp_path).gradient_checkpointing is True
     cfg = load_config(ROOT / "configs" / "demo.yaml", [], schema=TrainConfig)
     assert grpo_args(cfg, tmp_path).gradient_checkpointing is False
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        pytest.param("distributed_type: MEGATRON_LM\nnum_processes: 8\n", "distributed_type MEGATRON_LM is not one", id="megatron"),
+        pytest.param("distributed_type: MULTI_GPU\nnum_processes: 0\n", "num_processes is 0: a number of processes", id="zero-processes"),
+        pytest.param("distributed_type: MULTI_GPU\nnum_processes: -2\n", "num_processes is -2", id="negative-processes"),
+        pytest.param("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 4\n",
+                     "deepspeed_config.zero_stage is 4: DeepSpeed's ZeRO stages are 0, 1, 2 and 3", id="zero-stage-4"),
+        pytest.param("- distributed_type: MULTI_GPU\n", "is a YAML mapping", id="a-list"),
+        pytest.param("distributed_type: [MULTI_GPU\n", "malformed YAML", id="broken"),
+    ],
+)  # fmt: skip
+def test_a_launch_config_zerosim_cannot_plan_is_refused_in_one_line(text, words, tmp_path):
+    from zerosim.core.config import ConfigError
+    from zerosim.training.memory import launch_from_config
+
+    path = tmp_path / "launch.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        launch_from_config(path)
+    assert words in str(refused.value) and "\n" not in str(refused.value) and str(path) in str(refused.value)

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 GB = 1e9
 # tokens of instruction + question before the first turn (vllm_args leaves the same 512 for them)
@@ -216,23 +217,52 @@ class Launch:
     source: str = ""
 
 
+# accelerate's distributed types zerosim plans and trains under: one process, DDP (every MULTI_* device kind),
+# DeepSpeed ZeRO 0-3, FSDP
+DDP_TYPES = ("MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_HPU", "MULTI_SDAA")
+LAUNCH_TYPES = ("NO", *DDP_TYPES, "DEEPSPEED", "FSDP")
+ZERO_STAGES = {0: Strategy.ddp, 1: Strategy.zero1, 2: Strategy.zero2, 3: Strategy.zero3}
+
+
 def launch_from_config(path: Path, processes: int | None = None) -> Launch:
-    """The :class:`Launch` an ``accelerate launch --config_file PATH`` job runs under."""
+    """The :class:`Launch` an ``accelerate launch --config_file PATH`` job runs under, read through one
+    validator: a file that is no YAML mapping, a distributed type zerosim does not train under (Megatron-LM,
+    XLA), a ZeRO stage outside 0-3, a process count below 1 are refused in one line naming the key."""
     import yaml
 
-    from zerosim.core.config import ConfigError
+    from zerosim.core.config import ConfigError, _yaml_error
 
+    key = f"--launch-config {path}"
     if not path.is_file():
         raise ConfigError(
             f"--launch-config: {path} does not exist; pass an accelerate config (configs/accelerate/)"
         )
-    c = yaml.safe_load(path.read_text()) or {}
+    try:
+        c = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--launch-config: {_yaml_error(path, exc)}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: not UTF-8 text; pass an accelerate config (configs/accelerate/)") from None
+    c = {} if c is None else c
+    if not isinstance(c, dict):
+        raise ConfigError(
+            f"{key}: an accelerate config is a YAML mapping (distributed_type: ..., num_processes: ...), "
+            f"this file holds a {type(c).__name__}"
+        )
     kind = str(c.get("distributed_type", "NO")).upper()
-    n = processes or int(c.get("num_processes", 1))
+    if kind not in LAUNCH_TYPES:
+        raise ConfigError(
+            f"{key}: distributed_type {kind} is not one zerosim plans or trains under; use NO, MULTI_GPU "
+            "(or another MULTI_* device: DDP), DEEPSPEED or FSDP (configs/accelerate/ has one of each)"
+        )
+    n = processes if processes is not None else _count(c.get("num_processes", 1), f"{key}: num_processes")
+    _count(n, "--processes")
     bf16 = str(c.get("mixed_precision", "no")).lower() == "bf16"
     if kind == "DEEPSPEED":
-        stage = int((c.get("deepspeed_config") or {}).get("zero_stage", 2))
-        strategy = {0: Strategy.ddp, 1: Strategy.zero1, 2: Strategy.zero2, 3: Strategy.zero3}[stage]
+        section = c.get("deepspeed_config") or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{key}: deepspeed_config is a {type(section).__name__}, not a mapping")
+        strategy = zero_strategy(section.get("zero_stage", 2), f"{key}: deepspeed_config.zero_stage")
     elif kind == "FSDP":
         strategy = Strategy.fsdp2
     else:
@@ -240,13 +270,33 @@ def launch_from_config(path: Path, processes: int | None = None) -> Launch:
     return Launch(strategy, n, bf16_module=bf16, source=str(path))
 
 
+def _count(value: Any, key: str) -> int:
+    """A process count: an integer of at least 1, else a :class:`ConfigError` naming ``key``."""
+    from zerosim.core.config import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key} is {value!r}: a number of processes, at least 1 (e.g. 8 for 8 GPUs)")
+    return value
+
+
+def zero_strategy(stage: Any, key: str) -> Strategy:
+    """The :class:`Strategy` of DeepSpeed ZeRO ``stage`` (0-3), else a :class:`ConfigError` naming ``key``."""
+    from zerosim.core.config import ConfigError
+
+    if isinstance(stage, str) and stage.strip().isdigit():
+        stage = int(stage)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ConfigError(f"{key} is {stage!r}: DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
+    return ZERO_STAGES[stage]
+
+
 def launch_from_environment(processes: int | None = None) -> Launch:
     """The :class:`Launch` of this process: what ``accelerate launch`` put in the environment, else DDP over
     ``processes`` (or $WORLD_SIZE) processes, one process without either."""
     n = processes or int(os.environ.get("WORLD_SIZE", "1"))
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-        stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
-        strategy = {0: Strategy.ddp, 1: Strategy.zero1, 2: Strategy.zero2, 3: Strategy.zero3}[stage]
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+        strategy = zero_strategy(stage, "$ACCELERATE_DEEPSPEED_ZERO_STAGE")
         return Launch(strategy, n, source="accelerate launch")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
         return Launch(Strategy.fsdp2, n, source="accelerate launch")
