@@ -52,6 +52,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: bool = False  # its turn came and its generation began
     forwards: int = 0  # model forwards run for it (the prefill, then one per decode step)
+    queued: bool = True  # counted in the queue's waiting jobs
+    admitted: bool = True  # counted in the queue's admitted jobs (waiting or generating)
 
 
 class GenerationQueue:
@@ -65,7 +67,8 @@ class GenerationQueue:
         if max_waiting < 0:
             raise ValueError(f"max_waiting={max_waiting} must be at least 0")
         self.max_waiting = max_waiting
-        self.waiting = 0
+        self.waiting = 0  # admitted, their turn not come
+        self.admitted = 0  # admitted and not finished: the waiting and the one generating
         self.stats = {"completed": 0, "cancelled_waiting": 0, "cancelled_generating": 0, "refused": 0}
         self._turn = asyncio.Lock()  # FIFO: a release wakes the longest waiter
         self._generating: Job | None = None
@@ -95,12 +98,25 @@ class GenerationQueue:
         job.forwards += 1
 
     def admit(self) -> Job:
-        """A new waiting job, or :class:`QueueFull` when ``max_waiting`` jobs wait already."""
-        if self.waiting >= self.max_waiting and self._turn.locked():
+        """A new waiting job, or :class:`QueueFull` when the queue holds its bound: one generating and
+        ``max_waiting`` waiting. Counted at admission, not when a job takes its turn, so a burst that arrives
+        before the first job holds the model is bounded too."""
+        if self.admitted >= self.max_waiting + 1:
             self.stats["refused"] += 1
-            raise QueueFull(self.waiting, self.max_waiting, self.retry_after())
+            raise QueueFull(max(self.waiting, self.admitted - 1), self.max_waiting, self.retry_after())
+        self.admitted += 1
         self.waiting += 1
         return Job()
+
+    def _dequeued(self, job: Job) -> None:
+        if job.queued:
+            job.queued = False
+            self.waiting -= 1
+
+    def _finished(self, job: Job) -> None:
+        if job.admitted:
+            job.admitted = False
+            self.admitted -= 1
 
     def retry_after(self) -> int:
         """Seconds until the jobs now queued have likely run (recent generations' mean), 1 to 60."""
@@ -128,6 +144,9 @@ class GenerationQueue:
             raise
         finally:
             watching.cancel()
+            if serving.done():  # also a job cancelled before its coroutine ran: it leaves the counts here
+                self._dequeued(job)
+                self._finished(job)
 
     def _cancel(self, job: Job, serving: asyncio.Future) -> None:
         job.cancelled.set()
@@ -138,10 +157,11 @@ class GenerationQueue:
         try:
             await self._turn.acquire()
         except asyncio.CancelledError:
-            self.waiting -= 1
+            self._dequeued(job)
+            self._finished(job)
             self.stats["cancelled_waiting"] += 1
             raise
-        self.waiting -= 1
+        self._dequeued(job)
         job.started = True
         self._generating = job
         started = time.monotonic()
@@ -152,6 +172,7 @@ class GenerationQueue:
             raise
         finally:
             self._generating = None
+            self._finished(job)
             self._turn.release()
         self._seconds.append(time.monotonic() - started)
         self.stats["completed"] += 1

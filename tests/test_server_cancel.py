@@ -329,3 +329,46 @@ def test_zerosim_simulator_serve_takes_the_queue_bound_and_the_request_timeout(m
     )
     zerosim_cli("simulator", "serve", "--max-waiting", "3", "--request-timeout", "2.5")
     assert seen["max_waiting"] == 3 and seen["request_timeout"] == 2.5
+
+
+def test_a_burst_admits_one_generating_and_max_waiting_not_more():
+    """32 requests admitted at once, before the first holds the model (a burst, not a trickle): the queue
+    admits one to generate and max_waiting to wait; the rest are refused. It admitted every one of a burst
+    before (its bound was checked only once the first job held its turn)."""
+    import asyncio
+
+    from simulators.generation_queue import GenerationQueue, QueueFull
+
+    for max_waiting in (4, 0):
+        queue = GenerationQueue(max_waiting=max_waiting)
+
+        async def burst():
+            admitted, refused = [], 0
+            for _ in range(32):
+                try:
+                    admitted.append(queue.admit())
+                except QueueFull:
+                    refused += 1
+            jobs = [queue.run(job, lambda: time.sleep(0.01), asyncio.Event().wait) for job in admitted]
+            await asyncio.gather(*jobs)
+            return len(admitted), refused
+
+        assert asyncio.run(burst()) == (max_waiting + 1, 32 - max_waiting - 1)
+        assert queue.waiting == 0 and queue.admitted == 0 and queue.stats["completed"] == max_waiting + 1
+
+
+def test_a_burst_over_http_gets_429_past_the_bound(tiny_lm, tokenizer):
+    app = serving(tiny_lm, tokenizer, max_waiting=4)
+    forwards = Forwards(tiny_lm)
+    try:
+        with running_app(app) as url:
+            forwards.gate.clear()  # the first generation holds the model until every request has arrived
+            socks = [raw_post(url, completion(2)) for _ in range(32)]
+            wait_until(lambda: app.state.queue.stats["refused"] == 27, "27 of the burst refused")
+            forwards.gate.set()
+            answers = [read_answer(sock) for sock in socks]
+            for sock in socks:
+                sock.close()
+        assert sum(b"200 OK" in a for a in answers) == 5 and sum(b" 429 " in a for a in answers) == 27
+    finally:
+        forwards.close()
