@@ -430,3 +430,26 @@ def test_a_local_record_pointing_elsewhere_is_refused_when_read(tmp_path):
         read_stage(stage, tmp_path)
     (folder / "stage.json").write_text(json.dumps({"key": "k", "outputs": {"path": "<root>/stages/train-real-s0/real/final"}}))
     assert read_stage(stage, tmp_path)["outputs"]["path"] == str(tmp_path / "stages/train-real-s0/real/final")
+
+
+def test_an_export_dry_run_writes_nothing_and_an_import_beside_an_export_comes_first(tmp_path, zerosim_cli, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = "configs/experiments/curriculum-ablation-cpu.yaml"
+    common = ["experiment", "--config", config, f"output_dir={tmp_path / 'runs'}"]
+    dry = zerosim_cli(*common, "--import", "results/curriculum-ablation-cpu", "--export", str(tmp_path / "e1"),
+                      "--dry-run").output  # fmt: skip
+    assert "would export 0 finished stages" in dry and "would import" in dry
+    assert not (tmp_path / "e1").exists() and not (tmp_path / "runs").exists()
+    out = zerosim_cli(*common, "--import", "results/curriculum-ablation-cpu", "--export", str(tmp_path / "e2")).output
+    brought = int(re.search(r"imported (\d+) stages", out).group(1))
+    assert brought > 0 and f"exported {brought} finished stages" in out.replace("\n", " ")
+    exported = json.loads((tmp_path / "e2" / "export.json").read_text())
+    assert len(exported["stages"]) == brought
+
+
+def test_the_report_travels_with_its_record(tmp_path):
+    """report.json, report.md and the plot (written into the experiment's folder) are in the export, listed."""
+    _, out = _export(tmp_path)
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.json", "report.md", "report.png", "stage.json"]
+    listed = json.loads((out / "export.json").read_text())["files"]["report"]
+    assert set(listed) == {"report.json", "report.md", "report.png", "stage.json"}

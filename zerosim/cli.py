@@ -300,7 +300,17 @@ def experiment(
     root = Path(cfg.output_dir) / cfg.name
     if interim and (dry_run or export is not None):
         raise typer.BadParameter("--interim reports what has finished: it runs alone, or after an --import")
-    if export is not None:
+    if export is not None:  # after what --import brings (never skipped beside it); a dry run writes nothing
+        if dry_run:
+            for source in import_ or []:
+                coming = plan_import(build_stages(cfg, root), root, source, name=cfg.name)
+                console.print(f"would import {len(coming)} stages from {source}: "
+                              f"{', '.join(s.name for s in coming) or 'none new'}")  # fmt: skip
+        else:
+            for source in import_ or []:
+                with folder_lock(root):
+                    brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
+                console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
         written = export_results(
             build_stages(cfg, root),
             root,
@@ -308,8 +318,15 @@ def experiment(
             name=cfg.name,
             tracking_uri=cfg.tracking.tracking_uri,
             with_models=with_models,
+            dry_run=dry_run,
         )
         models = " with their models" if with_models else ""
+        if dry_run:
+            console.print(
+                f"would export {len(written)} finished stages{models} to {export} (dry run: nothing written"
+                f"{'; the imports above not counted' if import_ else ''}): {', '.join(written) or 'none'}"
+            )
+            return
         console.print(f"[bold green]exported[/] {len(written)} finished stages{models} to {export}")
         return
     if dry_run:  # writes nothing: what --import would bring is planned as if it were here

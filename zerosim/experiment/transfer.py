@@ -43,6 +43,7 @@ from zerosim.experiment.keys import recorded_key
 from zerosim.experiment.kinds import (  # noqa: F401 (ROOT: public here too)
     ROOT,
     STAGE_FILE,
+    Kind,
     Stage,
     outputs_outside,
     read_stage,
@@ -101,6 +102,9 @@ def _files_to_export(stage: Stage, record: dict, src: Path, with_models: bool) -
     return regular_files(src, keep), model is not None
 
 
+REPORT_FILES = ("report.json", "report.md", "report.png")  # written into <root> by the report stage
+
+
 def export_results(
     stages: Sequence[Stage],
     root: Path,
@@ -109,8 +113,10 @@ def export_results(
     name: str,
     tracking_uri: str | None = None,
     with_models: bool = False,
+    dry_run: bool = False,
 ) -> list[str]:
-    """Write every finished stage's results into ``out`` (a folder per stage); returns the stages written.
+    """Write every finished stage's results into ``out`` (a folder per stage); returns the stages written
+    (``dry_run``: every check made, the stages it would write returned, nothing written).
     A folder written before is replaced stage by stage, so exporting again after more stages finished adds
     them. With ``tracking_uri``, every stage's MLflow runs lend their metrics (``<stage>/mlflow/metrics.csv``)
     and sample trajectories (``<stage>/mlflow/samples/``) — a stage that failed or was stopped too (listed
@@ -125,11 +131,18 @@ def export_results(
             finished.append((stage, record, *_files_to_export(stage, record, src, with_models)))
         elif tracking_uri is not None and src.is_dir() and stage_runs(src, None):
             unfinished.append(stage)
+    if dry_run:
+        return [stage.name for stage, *_ in finished]
     out.mkdir(parents=True, exist_ok=True)
     written, models, listed = [], [], {}
     for stage, record, files, has_model in finished:
         src, tmp = stage.dir(root), out / f".{stage.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
+        if stage.kind == Kind.report:  # its tables and plot live in the experiment's folder: they travel too
+            for name in REPORT_FILES:
+                if (root / name).is_file():
+                    tmp.mkdir(parents=True, exist_ok=True)
+                    _copy_regular(root / name, tmp / name)
         for path in files:
             target = tmp / path.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
