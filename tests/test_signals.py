@@ -214,3 +214,36 @@ def test_a_sigterm_outside_training_raises_at_once_and_inside_asks_the_loop_to_s
         assert not signals.stop_requested()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_stale_stop_file_is_removed_at_the_start_not_obeyed(tmp_path, caplog):
+    """A STOP left by an earlier run (written before this job started) stopped a fresh run after its first
+    step; it is removed at the start, naming it, and only a STOP written since stops the run."""
+    import logging
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from zerosim.core import signals as sig
+    from zerosim.training.stopping import StopControl
+
+    stop = tmp_path / "STOP"
+    stop.touch()
+    old = time.time() - 3600
+    os.utime(stop, (old, old))
+    control, args = TrainerControl(), SimpleNamespace(device="cpu")
+    callback = StopControl(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="zerosim.training.stopping"):
+        callback.on_train_begin(args, None, control)
+    assert not stop.exists() and f"removed {stop}" in caplog.text and "before this job started" in caplog.text
+    callback.on_step_end(args, None, control)
+    assert not control.should_training_stop
+    stop.touch()  # asked now
+    try:
+        callback.on_step_end(args, None, control)
+        assert control.should_training_stop and sig.stop_reason() == str(stop)
+    finally:
+        sig._stop.clear()  # this process's stop request, made by the callback, is the test's only
+        sig._reason[0] = "SIGTERM"

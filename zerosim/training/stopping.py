@@ -167,10 +167,36 @@ class StopControl(TrainerCallback):
         self.save_s: float | None = None  # the last checkpoint's save
         self._began = self._ended = None
         self.warned = False
+        self.since = time.time()  # a STOP file older than this job was left by another: not this job's
 
     @property
     def stop_file(self) -> Path | None:
         return None if self.run_dir is None else self.run_dir / STOP_FILE
+
+    def _asked_by_file(self) -> bool:
+        """A ``STOP`` file written since this job started (an older one is stale: see on_train_begin)."""
+        try:
+            return self.stop_file is not None and self.stop_file.stat().st_mtime >= self.since - 1.0
+        except FileNotFoundError:
+            return False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A ``STOP`` left in the run folder before this job started (an earlier run's, never read) is
+        removed, naming it, instead of stopping this run after its first step."""
+        stop = self.stop_file
+        try:
+            written = None if stop is None else stop.stat().st_mtime
+        except FileNotFoundError:
+            written = None
+        if written is not None and written < self.since - 1.0 and self.main:
+            log.warning(
+                "removed %s: it was written at %s, before this job started, so it is not a request to stop "
+                "this run (touch it again to stop)",
+                stop,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written)),
+            )
+            stop.unlink(missing_ok=True)
+        return control
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._began = time.monotonic()
@@ -182,7 +208,7 @@ class StopControl(TrainerCallback):
         if self._began is not None:
             self.step_s = max(self.step_s, self._ended - self._began)
         asked = stop_requested()
-        by_file = self.stop_file is not None and self.stop_file.exists()
+        by_file = self._asked_by_file()
         if agree(asked or by_file, args.device):
             reason = (
                 "SIGTERM"
