@@ -166,7 +166,7 @@ def test_an_export_with_models_travels_with_its_weights_and_is_checked_on_import
 
     from zerosim.core.config import ConfigError
     from zerosim.experiment import build_stages, load_experiment, run_experiment
-    from zerosim.experiment.run import statuses
+    from zerosim.experiment.run import plan_rows, statuses
     from zerosim.experiment.transfer import import_results
 
     config, tmp, few = small
@@ -192,8 +192,42 @@ def test_an_export_with_models_travels_with_its_weights_and_is_checked_on_import
 
     # a model whose weights are not the ones its record names is refused, naming it; nothing is copied
     weights = out / "train-real-s0" / "real" / "final" / "model.safetensors"
+    tail = weights.read_bytes()[-8:]
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     third = tmp / "third" / there.name
     with pytest.raises(ConfigError, match=r"model of train-real-s0 .*its record says"):
         import_results(build_stages(there, third), third, out, name=there.name)
     assert not (third / "stages").exists()
+
+    # every file that changes what a model does is in its digest, not its weights alone (issue 50 item 9): a
+    # generation config edited at the same size (sizes in export.json still match) is refused on import
+    weights.write_bytes(weights.read_bytes()[:-8] + tail)
+    generation = _edited_same_size(next((out / "warmstart").rglob("generation_config.json")))
+    with pytest.raises(ConfigError, match=r"model of warmstart .*its record says"):
+        import_results(build_stages(there, third), third, out, name=there.name)
+    assert not (third / "stages").exists()
+    generation.restore()
+
+    # ...and a model replaced on disk after its record is refused before any stage reads it: in the dry run's
+    # plan, naming the model and what changed, and in the run before the reader starts
+    _edited_same_size(next((first.root / "stages" / "train-real-s0").rglob("generation_config.json")))
+    stages = build_stages(load_experiment(config, few), first.root)
+    with pytest.raises(ConfigError, match=r"train-real-s0's model .* not the one its record names .*generation_config"):
+        plan_rows(load_experiment(config, few), stages, first.root)
+    shutil.rmtree(first.root / "stages" / "eval-real-s0-bm25")
+    with pytest.raises(ConfigError, match=r"train-real-s0's model"):
+        run_experiment(load_experiment(config, few), echo=lambda line: None)
+    assert not (first.root / "stages" / "eval-real-s0-bm25" / "stage.json").exists()
+
+
+class _edited_same_size:
+    """A JSON file of a model folder with one digit changed (its size kept), and the way back."""
+
+    def __init__(self, path: Path):
+        import re
+
+        self.path, self.text = path, path.read_text()
+        self.path.write_text(re.sub(r"\d", lambda m: str((int(m.group()) + 1) % 10), self.text, count=1))
+
+    def restore(self) -> None:
+        self.path.write_text(self.text)

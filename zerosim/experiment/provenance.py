@@ -34,13 +34,32 @@ SHORT = 8  # digest characters shown in the dry run and the report
 UNRECORDED = "unrecorded"  # a record from before digests: which instance it read is unknown
 
 
+NOT_BEHAVIOUR = ("training_args.bin", "README.md")  # in a model folder, files that change nothing it does
+_SHA256: dict[tuple, str] = {}  # per file version (path, size, mtime, inode): a model read twice is hashed once
+
+
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, read in ``chunk``-byte pieces (a model's shards are never held in memory)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+    """sha256 of a file, read in ``chunk``-byte pieces (a model's shards are never held in memory); cached
+    per file version for the process."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(chunk):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
+
+
+def model_files(folder: Path) -> list[Path]:
+    """Every file of a model folder that changes what the model does: weights, adapters, config.json,
+    generation_config.json, the tokenizer's files and chat template (not training_args.bin, a README, dotfiles)."""
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.name not in NOT_BEHAVIOUR
+    )
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -54,18 +73,51 @@ def weight_files(folder: Path) -> list[Path]:
     return weights or files
 
 
-def model_digest(path: str | Path) -> dict[str, Any] | None:
-    """``{"sha256": ..., "files": {name: sha256}}`` of a model folder (or file): each weight file's sha256 (a
-    sharded model's index and every shard), and one sha256 over those lines. None when ``path`` is absent."""
+def model_digest(path: str | Path, covers: str = "folder") -> dict[str, Any] | None:
+    """``{"sha256": ..., "files": {name: sha256}, "covers": covers}`` of a model folder (or file): each file's
+    sha256 and one sha256 over those lines. ``covers``: ``"folder"`` (every file that changes what the model
+    does, :func:`model_files`) or ``"weights"`` (its weight files only: what records before ``covers`` hashed,
+    :func:`weight_files`). None when ``path`` is absent."""
     path = Path(path)
     if path.is_file():
         files = {path.name: file_sha256(path)}
     elif path.is_dir():
-        files = {p.relative_to(path).as_posix(): file_sha256(p) for p in weight_files(path)}
+        chosen = model_files(path) if covers == "folder" else weight_files(path)
+        files = {p.relative_to(path).as_posix(): file_sha256(p) for p in chosen}
     else:
         return None
     lines = "".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items()))
-    return {"sha256": hashlib.sha256(lines.encode()).hexdigest(), "files": files}
+    digest = {"sha256": hashlib.sha256(lines.encode()).hexdigest(), "files": files}
+    return {**digest, "covers": covers} if covers != "weights" else digest
+
+
+def as_recorded(record: Mapping[str, Any] | None, path: str | Path) -> dict[str, Any] | None:
+    """The digest of the model at ``path`` taken as ``record``'s was (its ``covers``; a record without one
+    hashed the weights only), so the two compare."""
+    model = (record or {}).get("model")
+    covers = model.get("covers", "weights") if isinstance(model, dict) else "folder"
+    return model_digest(path, covers=covers)
+
+
+def model_problem(name: str, record: Mapping[str, Any] | None) -> str | None:
+    """Why the model a finished stage's record names (``outputs.path``) is not the one on disk now, or None
+    (no model, no digest recorded, or the model absent: a results-only import)."""
+    recorded = written_digest(record)
+    path = ((record or {}).get("outputs") or {}).get("path")
+    if recorded is None or not isinstance(path, str) or not Path(path).exists():
+        return None
+    found = as_recorded(record, path) or {}
+    if found.get("sha256") == recorded:
+        return None
+    was = (record.get("model") or {}).get("files") or {}
+    now = found.get("files") or {}
+    changed = sorted(n for n in set(was) | set(now) if was.get(n) != now.get(n))
+    return (
+        f"{name}'s model {path} is not the one its record names (sha256 {short(found.get('sha256'))}, recorded "
+        f"{short(recorded)}; changed: {', '.join(changed[:6]) or 'its files'}): a stage reading it would use "
+        "other weights than its record and the report say. Put the recorded model back, or delete the stage's "
+        "folder to run it again"
+    )
 
 
 def machine_kind() -> str:

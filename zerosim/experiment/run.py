@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from zerosim.core.config import ConfigError
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.runtime import cpu_times, others_cpu_share
 from zerosim.experiment.config import ExperimentConfig
@@ -34,6 +35,7 @@ from zerosim.experiment.provenance import (
     MODEL_KINDS,
     machine_kind,
     model_digest,
+    model_problem,
     provenance,
     read_by,
     short,
@@ -276,12 +278,29 @@ def _stage_inputs(stages: Sequence[Stage], checked: Callable[[Callable[[], Any]]
             search(c.search, f"{stage.name}: search.")
 
 
+def changed_models(stages: Sequence[Stage], root: Path) -> list[str]:
+    """For each finished stage of ``stages`` that wrote a model still on disk, why that model is not the one
+    its record names (:func:`~zerosim.experiment.provenance.model_problem`): every file that changes what it
+    does is hashed, once per file version and process (about a second per GB)."""
+    problems = []
+    for stage in stages:
+        if stage.kind in MODEL_KINDS:
+            problem = model_problem(stage.name, read_stage(stage, root))
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
 def plan_rows(
     cfg: ExperimentConfig, stages: Sequence[Stage], root: Path, missing: list[str] | None = None
 ) -> list[tuple[str, str, str, str]]:
     """(stage, status, estimate, what) for ``--dry-run``; missing inputs go to ``missing`` when given
     (:func:`check_inputs`), else the first is raised."""
     check_inputs(cfg, stages, missing)
+    for problem in changed_models(stages, root):  # a model replaced on disk after its record
+        if missing is None:
+            raise ConfigError(problem)
+        missing.append(problem)
     est, notes = estimates(stages, root), estimate_notes(stages, root)
     plan = plan_statuses(stages, root)
     rows = []
@@ -484,6 +503,8 @@ def _run_locked(
                 shutil.rmtree(stage.dir(root))
             because = f" [{why}]" if why and current != "reuse" else ""
             echo(f"[{number[stage.name]}/{len(stages)}] {stage.name}: {current} ({describe(stage)}){because}")
+            for problem in changed_models([by_name[d] for d in stage.deps if d in by_name], root):
+                raise ConfigError(problem)  # a model it reads is not the one recorded: refused before it runs
             reads = read_by(
                 stage, by_name, lambda s: read_stage(s, root)
             )  # the models there as it starts: what it reads

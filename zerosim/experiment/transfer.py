@@ -49,7 +49,7 @@ from zerosim.experiment.kinds import (  # noqa: F401 (ROOT: public here too)
     read_stage,
     relative_to_root,
 )
-from zerosim.experiment.provenance import MODEL_KINDS, model_digest, short, written_digest
+from zerosim.experiment.provenance import MODEL_KINDS, as_recorded, short, written_digest
 from zerosim.experiment.runlogs import export_logs, stage_runs
 from zerosim.experiment.stagefiles import REPORT_FILES, files_problem, portable, regular_files
 
@@ -102,7 +102,6 @@ def _files_to_export(stage: Stage, record: dict, src: Path, with_models: bool) -
     return regular_files(src, keep), model is not None
 
 
-REPORT_FILES = ("report.json", "report.md", "report.png")  # written into <root> by the report stage
 
 
 def export_results(
@@ -396,7 +395,7 @@ def _check_model(stage: Stage, record: dict, src: Path) -> None:
     recorded = written_digest(record)
     if folder is None or recorded is None or not (src / folder).is_dir():
         return  # no model, a record from before digests, or the model stayed behind
-    found = (model_digest(src / folder) or {}).get("sha256")
+    found = (as_recorded(record, src / folder) or {}).get("sha256")
     if found != recorded:
         raise ConfigError(
             f"--import {src.parent}: the model of {stage.name} ({src / folder}) has sha256 {short(found)}, but "
