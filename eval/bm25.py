@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.index_errors import check_stored_count
+from eval.index_errors import check_stored_count, damaged_index_error
 from zerosim.core.search import Document, SearchError, SearchRequest
 
 
@@ -90,7 +91,48 @@ class BM25Retriever:
         self = cls(
             docs, stopwords=manifest["bm25"]["stopwords"], stemmer_language=manifest["bm25"]["stemmer"]
         )
-        self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
+        try:
+            self.retriever = bm25s.BM25.load(str(index_dir / "bm25s"))
+        except (ValueError, EOFError, OSError) as e:  # orjson's JSONDecodeError is a ValueError
+            raise damaged_index_error(index_dir, manifest, unreadable_file(index_dir / "bm25s", e)) from None
         stored = self.retriever.scores.get("num_docs")
         check_stored_count(index_dir, manifest, "bm25s/", len(docs) if stored is None else stored, len(docs))
         return self
+
+
+def unreadable_file(folder: Path, error: Exception) -> str:
+    """Which file of a stored bm25s ``folder`` could not be read, and how: bm25s's own error (``error``)
+    names neither the file nor the damage. Run only once a load has failed, so the files are re-read then."""
+    if isinstance(error, FileNotFoundError) and error.filename:
+        return f"bm25s/{Path(error.filename).name} is missing"
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            return f"bm25s/{path.name} is not valid JSON ({e})"
+    for path in sorted(folder.glob("*.npy")):
+        if (short := _npy_shortfall(path)) is not None:
+            return f"bm25s/{path.name} is cut short: {short}"
+    return f"bm25s/ cannot be read ({type(error).__name__}: {error})"
+
+
+def _npy_shortfall(path: Path) -> str | None:
+    """How an .npy file falls short of the array its header describes (None: it holds all of it)."""
+    import numpy as np
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f)
+        except (ValueError, EOFError) as e:
+            return f"its {size} bytes do not hold a whole numpy header ({e})"
+        needed = f.tell() + int(np.prod(shape)) * dtype.itemsize
+    if size < needed:
+        return f"it holds {size} bytes, its header describes {needed} ({dtype} x {shape})"
+    return None

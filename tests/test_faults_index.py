@@ -116,6 +116,27 @@ def bm25s_of_fewer_passages(index: Path, ctx) -> None:
     BM25Retriever(load_corpus(ctx.other)).index().write_files(index)
 
 
+def garble_bm25s_vocab(index: Path, ctx) -> None:
+    (index / "bm25s" / "vocab.index.json").write_text('{"capit": 0, "lima": ')
+
+
+def cut_bm25s_array(index: Path, ctx) -> None:  # a copy or download that stopped part way
+    data = (index / "bm25s" / "data.csc.index.npy").read_bytes()
+    (index / "bm25s" / "data.csc.index.npy").write_bytes(data[: len(data) - 12])
+
+
+def without_digests(damage: Callable) -> Callable:
+    """``damage`` done to an index built before the manifest recorded file digests (checksum recomputed)."""
+
+    def damage_older_index(index: Path, ctx) -> None:
+        from eval.index import manifest_checksum
+
+        _edit_manifest(index, lambda m: (m.pop("files"), m.update(checksum=manifest_checksum(m))))
+        damage(index, ctx)
+
+    return damage_older_index
+
+
 def faiss_of_fewer_vectors(index: Path, ctx) -> None:
     import faiss
 
@@ -165,6 +186,20 @@ DAMAGES = [
     Damage("manifest-newer-format", "bm25", newer_format, ("format 99", "upgrade zerosim")),
     Damage("manifest-not-json", "bm25", garble_manifest, ("manifest.json is not valid JSON",)),
     Damage("bm25s-count-differs", "bm25", bm25s_of_fewer_passages, ("bm25s/ holds 4 entries", "6 passages")),
+    Damage("bm25s-vocab-not-json", "bm25", garble_bm25s_vocab, ("bm25s/vocab.index.json is not valid JSON",)),
+    Damage(
+        "bm25s-vocab-not-json-no-digests",
+        "bm25",
+        without_digests(garble_bm25s_vocab),
+        ("bm25s/vocab.index.json is not valid JSON",),
+    ),
+    Damage("bm25s-array-cut-short", "bm25", cut_bm25s_array, ("bm25s/data.csc.index.npy is cut short",)),
+    Damage(
+        "bm25s-array-cut-short-no-digests",
+        "bm25",
+        without_digests(cut_bm25s_array),
+        ("bm25s/data.csc.index.npy is cut short",),
+    ),
     Damage("dense-vector-count-differs", "dense", faiss_of_fewer_vectors, ("faiss.index holds 5 entries",)),
     Damage("dense-faiss-type-differs", "dense", faiss_of_another_type, ("IndexHNSWFlat", "32-d flat index")),
     Damage("dense-embeddings-truncated", "dense", truncate_embeddings, ("embeddings.f32 holds 640 bytes",)),

@@ -168,3 +168,29 @@ def test_a_damaged_cache_file_is_one_line_naming_it_and_the_fix(tmp_path, conten
     assert str(path) in line and "search.simulator.cache_path" in line and "move it aside" in line, line
     assert "run with --debug" not in line, line  # zerosim's own message: one line, no traceback
     assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    "blob",
+    ['[{"id": "x", "bogus": 1}]', '[{"id": "x", "title": "t"', '{"id": "x"}', "[1]", "null"],
+    ids=["wrong-keys", "not-json", "not-a-list", "not-objects", "null"],
+)
+def test_a_damaged_cache_row_is_a_miss_named_once_then_replaced(tmp_path, caplog, blob):
+    """A row whose stored documents cannot be read (valid JSON of the wrong shape included) is not served: it
+    counts as a miss, is named in one warning (file and the fix), and the engine's fresh answer replaces it."""
+    path = tmp_path / "cache.sqlite"
+    with CachedSearchEngine(CountingEngine(), sqlite_path=path) as cache:
+        cache.search([REQ, SearchRequest("b")], 2)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE results SET documents = ? WHERE key = ?", (blob, cache.key(REQ, 2)))
+    db.commit()
+    db.close()
+    engine = CountingEngine()
+    with caplog.at_level("WARNING"), CachedSearchEngine(engine, sqlite_path=path) as cache:
+        (fresh, kept) = cache.search([REQ, SearchRequest("b")], 2)
+    assert engine.calls == [[REQ.query]] and fresh[0].text == f"call 1: {REQ.query} #0" and kept
+    assert (cache.stats["damaged"], cache.stats["misses"], cache.stats["disk_hits"]) == (1, 1, 1)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(path) in warning and "1 row" in warning and "delete" in warning, warning
+    with CachedSearchEngine(CountingEngine(), sqlite_path=path) as cache:  # the row was replaced
+        assert cache.search([REQ], 2) == [fresh] and cache.stats["disk_hits"] == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 from collections import Counter, OrderedDict
@@ -24,6 +25,8 @@ from typing import Any
 
 from zerosim.core.config import ConfigError
 from zerosim.core.search import Document, SearchEngine, SearchRequest
+
+logger = logging.getLogger(__name__)
 
 KEY_VERSION = 1  # bump when the key or the stored format changes: old entries then simply miss
 _SQLITE_BATCH = 500  # keys per SELECT ... IN (...), below sqlite's bound on host parameters
@@ -52,7 +55,15 @@ def documents_to_json(docs: Sequence[Document]) -> str:
 
 
 def documents_from_json(blob: str) -> list[Document]:
-    return [Document(**entry) for entry in json.loads(blob)]
+    """The documents :func:`documents_to_json` wrote; ValueError when ``blob`` is not JSON or not a list of
+    objects with Document's fields (a damaged row)."""
+    entries = json.loads(blob)
+    if not isinstance(entries, list):
+        raise ValueError(f"a JSON {type(entries).__name__}, not a list of documents")
+    try:
+        return [Document(**entry) for entry in entries]
+    except TypeError as exc:  # an entry that is no object, or lacks or adds fields
+        raise ValueError(f"not a list of documents ({exc})") from None
 
 
 class CachedSearchEngine:
@@ -72,7 +83,8 @@ class CachedSearchEngine:
             again would be paid for); by default an empty list is never stored.
         setting: the config key of ``sqlite_path``, as the error for an unusable cache file names it.
 
-    ``stats`` counts ``hits`` (memory or disk), ``disk_hits`` and ``misses`` (requests sent to the engine).
+    ``stats`` counts ``hits`` (memory or disk), ``disk_hits``, ``misses`` (requests sent to the engine) and
+    ``damaged`` (stored rows that could not be read, each served as a miss).
     A request repeated within one call is sent once and counts as a hit the second time.
     """
 
@@ -100,6 +112,7 @@ class CachedSearchEngine:
         self.cacheable = cacheable or getattr(engine, "is_cacheable", None) or (lambda docs: True)
         self.keep_empty = keep_empty
         self.setting = setting
+        self._warned_damaged = False
         self.stats: Counter[str] = Counter()
         self._memory: OrderedDict[str, list[Document]] = OrderedDict()
         self._lock = threading.Lock()
@@ -209,7 +222,7 @@ class CachedSearchEngine:
     # -- storage (caller holds the lock) ------------------------------------------------------------
 
     def _lookup(self, keys: set[str]) -> dict[str, list[Document]]:
-        found = {}
+        found, damaged = {}, []
         for key in keys:
             if key in self._memory:
                 self._memory.move_to_end(key)
@@ -221,10 +234,37 @@ class CachedSearchEngine:
                 marks = ",".join("?" * len(batch))
                 rows = self._db.execute(f"SELECT key, documents FROM results WHERE key IN ({marks})", batch)
                 for key, blob in rows:
-                    found[key] = documents_from_json(blob)
+                    try:
+                        docs = documents_from_json(blob)
+                    except (ValueError, TypeError) as exc:  # TypeError: a row that holds no text at all
+                        # A miss, not a refusal: the cache only holds answers the engine gives again, and the
+                        # fresh answer overwrites the row (INSERT OR REPLACE). Refusing would stop a run over
+                        # one lost answer; deleting the file would lose every good row (paid web results too).
+                        damaged.append(exc)
+                        continue
+                    found[key] = docs
                     self.stats["disk_hits"] += 1
-                    self._remember(key, found[key])
+                    self._remember(key, docs)
+        if damaged:
+            self._note_damaged(damaged)
         return found
+
+    def _note_damaged(self, damaged: list[Exception]) -> None:
+        """Count rows that could not be read; warn once per instance (the count goes on in ``stats``)."""
+        self.stats["damaged"] += len(damaged)
+        if self._warned_damaged:
+            return
+        self._warned_damaged = True
+        logger.warning(
+            "search cache %s (%s): %d row(s) cannot be read (%s); each is treated as a miss and replaced by "
+            "the engine's answer. If rows keep failing (counted in search/cache/damaged), delete the file or "
+            "point %s at another one: the cache starts empty (it only holds answers the engine gives again)",
+            self.sqlite_path,
+            self.setting,
+            len(damaged),
+            damaged[0],
+            self.setting,
+        )
 
     def _store(self, entries: Iterable[tuple[str, list[Document]]]) -> None:
         entries = list(entries)
