@@ -193,8 +193,8 @@ def run_eval(
     from zerosim.core.models import load_tokenizer
 
     torch.manual_seed(cfg.seed)
+    check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store it will write, before any work
     loaded = load_datasets(cfg)  # every dataset read and checked before a model loads
-    check_tracking_uri(cfg.tracking.tracking_uri)  # and the MLflow store it will write
     check_output_folder(Path(cfg.output_dir) / run_name(cfg), "output_dir")  # and the folder it writes
     if cfg.method != "direct" and build_engine is None:
         raise TypeError(f"method {cfg.method} needs build_engine= (zerosim.engines.build_search_engine)")

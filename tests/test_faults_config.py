@@ -737,3 +737,100 @@ def test_noise_check_without_an_engine_leaves_http_to_the_server():
     bm25 = load_train_config(None, ["search.engine=bm25", "search.negatives=none"])
     with pytest.raises(ConfigError, match="search.negatives=none leaves the bm25 retriever's noisy slots"):
         check_noise_config(bm25.search, bm25.curriculum)
+
+
+# -- issue 50: crashes and dead ends, refused in one line before any work -------------------------------------
+
+
+@pytest.mark.parametrize("gb", ["inf", "nan", "1e30", "0", "-80"])
+def test_gpu_memory_outside_any_card_is_refused_naming_the_option(cli, gb):
+    """--gpu-memory inf ended in "cannot convert float NaN to integer" (vllm_colocate's share of the card), 1e30
+    planned a card of 1e30 GB, 0 / nan got typer's usage box: one line naming the option and its range."""
+    result = cli("train", "--dry-run", "--gpu-memory", gb, "trainer.generation=vllm_colocate")
+    _fails_cleanly(result, f"--gpu-memory {float(gb):g}", "from 1 to 4096", "a few hundred GB")
+
+
+def _dead_url() -> str:
+    """A local port nothing listens on (a connection is refused at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_dead_vllm_server_is_refused_also_in_a_plan_for_another_card(cli, monkeypatch):
+    """Under --gpu-memory (a plan for another machine's GPU) the server was not asked: a dead URL passed the dry
+    run. It is asked from here, with the health probe's short timeout."""
+    import time
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    url = _dead_url()
+    started = time.perf_counter()
+    result = cli(
+        "train", "--dry-run", "--gpu-memory", "80", "trainer.generation=vllm_server",
+        f"trainer.vllm_server_url={url}",
+    )  # fmt: skip
+    _fails_cleanly(result, f"trainer.vllm_server_url {url}", "/health", "--gpu-memory")
+    assert time.perf_counter() - started < 30
+
+
+def _experiment(cli, tmp_path, *args):
+    from zerosim.experiment import load_experiment, run_experiment
+
+    base = [f"base={ROOT / 'configs' / 'demo-learning.yaml'}", f"output_dir={tmp_path / 'exp'}"]
+    dry = cli("experiment", "--config", SMOKE, "--dry-run", *base, *args)
+    with pytest.raises(ConfigError) as err:  # the real run: before its first stage, nothing written
+        run_experiment(load_experiment(SMOKE, [*base, *args]), echo=lambda line: None)
+    assert not (tmp_path / "exp").exists()
+    return dry, str(err.value)
+
+
+def test_an_eval_override_split_the_dataset_lacks_is_refused_by_the_dry_run(cli, tmp_path):
+    """eval.overrides=[split=nosuch] passed the dry run (it checked eval.split) and the run stopped 31 s in,
+    at the first evaluation: each eval stage's split is checked as the stage applies it."""
+    dry, error = _experiment(cli, tmp_path, "eval.overrides=[split=nosuch]")
+    assert dry.exit_code == 2, dry.output
+    listed = dry.output.partition("missing inputs (")[2]
+    for text in (listed, error):
+        assert "eval.overrides: split=nosuch" in text and "train, dev, test" in text, text
+
+
+def test_eval_generation_vllm_without_vllm_is_refused_by_the_dry_run(cli, tmp_path, monkeypatch):
+    """eval.overrides=[generation=vllm] on a machine without vLLM passed the dry run; every eval stage would stop."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else found(name, *a)
+    )
+    dry, error = _experiment(cli, tmp_path, "eval.overrides=[generation=vllm]")
+    assert dry.exit_code == 2, dry.output
+    listed = dry.output.partition("missing inputs (")[2]
+    for text in (listed, error):
+        assert "eval.overrides: generation=vllm needs vLLM" in text and "generation=hf" in text, text
+
+
+@pytest.mark.parametrize(
+    "uri, words",
+    [
+        ("sqlite:////proc/nosuch/mlflow.db", ["folder /proc/nosuch does not exist"]),
+        ("file:///proc/zerosim-store", ["/proc is not writable"]),
+        ("http://127.0.0.1:9", ["no answer"]),
+    ],
+)
+def test_eval_checks_the_mlflow_store_before_any_work(cli, monkeypatch, uri, words):
+    """`zerosim eval` tried the store only after the search engine's preflight and every dataset had been read
+    (32-36 s): it is tried first, as `zerosim train` does."""
+    import eval.run
+    import zerosim.engines
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began before the MLflow store was checked")
+
+    monkeypatch.setattr(zerosim.engines, "preflight", work)
+    monkeypatch.setattr(eval.run, "load_datasets", work)
+    result = cli("eval", "--search", "bm25", f"tracking.tracking_uri={uri}")
+    _fails_cleanly(result, f"tracking.tracking_uri={uri}", *words)

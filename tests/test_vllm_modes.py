@@ -83,9 +83,14 @@ def test_vllm_modes_are_refused_without_cuda_by_the_dry_run_and_by_train(
     assert f"trainer.generation={mode} needs a CUDA GPU" in result.stderr
     assert "--dry-run --gpu-memory GB" in result.stderr  # how to plan it for its GPU machine from here
     assert not (tmp_path / "out").exists()
-    # a plan for another machine's card checks none of this machine's CUDA, vLLM, server
-    rows = dict(plan(train_config(tmp_path, mode, dead_url()), gpu_memory=80))
-    assert rows["generation"].startswith(f"{mode} (for a CUDA GPU of 80 GB elsewhere: not checked here)")
+    # a plan for another machine's card leaves that machine's CUDA and vLLM unchecked; a server is asked all
+    # the same (a dead one passed the plan and stopped the run: tests/test_faults_config.py, issue 50)
+    if mode == "vllm_colocate":
+        rows = dict(plan(train_config(tmp_path, mode, dead_url()), gpu_memory=80))
+        assert rows["generation"].startswith(f"{mode} (for a CUDA GPU of 80 GB elsewhere: not checked here)")
+    else:
+        with pytest.raises(ConfigError, match=r"trainer.vllm_server_url .*/health.*--gpu-memory plans"):
+            plan(train_config(tmp_path, mode, dead_url()), gpu_memory=80)
 
 
 def test_a_dead_vllm_server_is_refused_in_seconds_naming_the_key(
@@ -155,3 +160,14 @@ def test_a_live_vllm_server_passes_the_dry_run_and_the_start_check(
     # a server that answers, but not as TRL's does, is refused too
     with pytest.raises(ConfigError, match=r"trainer.vllm_server_url .*HTTP 404"):
         require_vllm(train_config(tmp_path, "vllm_server", url + "/nothing-here"))
+
+
+def test_a_plan_for_another_card_asks_the_server_and_passes_a_live_one(tmp_path, monkeypatch, health_server):
+    """Under --gpu-memory with no CUDA here (and no vLLM), a vllm_server that answers passes: the row says so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    url, asked = health_server
+    rows = dict(plan(train_config(tmp_path, "vllm_server", url), gpu_memory=80))
+    assert rows["generation"] == (
+        f"vllm_server (for a CUDA GPU of 80 GB elsewhere: CUDA and vLLM not checked here), server {url} answers"
+    )
+    assert asked == ["/health"]

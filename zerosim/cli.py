@@ -27,9 +27,9 @@ USER_OS_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADir
 
 
 def _user_os_error(exc: BaseException) -> bool:
-    from zerosim.core.fsutil import DiskFullError
+    from zerosim.core.fsutil import WriteFaultError
 
-    return isinstance(exc, (*USER_OS_ERRORS, DiskFullError))
+    return isinstance(exc, (*USER_OS_ERRORS, WriteFaultError))
 
 
 def _debug_env() -> bool:
@@ -188,13 +188,15 @@ def train(
     gpu_memory: float = typer.Option(
         None,
         "--gpu-memory",
-        min=1,
-        help="With --dry-run: GB of memory per GPU to check the memory plan against (80: H100, 141: H200; "
-        "default: this machine's GPU, if any).",
+        help="With --dry-run: GB of memory per GPU to check the memory plan against, 1 to 4096 (80: H100, "
+        "141: H200; default: this machine's GPU, if any).",
     ),
 ) -> None:
     """Run a curriculum RL job (GRPO over the multi-turn search rollout)."""
     from zerosim.training.config import TrainConfig
+    from zerosim.training.memory import check_gpu_memory
+
+    check_gpu_memory(gpu_memory)  # inf, nan, 0, 1e30: one line naming the option, before the recipe loads
 
     # `resume=true` is short for run.resume=true
     overrides = [f"run.{o}" if o.split("=", 1)[0] == "resume" else o for o in overrides or []]
@@ -250,6 +252,9 @@ def evaluate(
         names = [d.strip() for d in dataset.split(",") if d.strip()]
         flags["datasets"] = "[" + ",".join(json.dumps(n) for n in names) + "]"
     cfg = _load(config, flags, overrides, EvalConfig)
+    from zerosim.core.tracking import check_tracking_uri
+
+    check_tracking_uri(cfg.tracking.tracking_uri)  # the MLflow store first, as `zerosim train` does
     from eval.run import run_eval
     from zerosim.engines import build_search_engine, preflight
 

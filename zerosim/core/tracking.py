@@ -11,6 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from zerosim.core.config import ConfigError, flatten, ranged, to_yaml
@@ -296,16 +297,18 @@ def log_training_curves(
     plt.close(fig)
 
 
-def code_version() -> dict[str, Any]:
+def code_version(root: str | Path | None = None) -> dict[str, Any]:
     """Which code is running: ``{"version": zerosim's, "commit": the checkout's HEAD, "dirty": whether tracked
-    files differ from it}``; outside a git checkout (an installed package), the version alone."""
+    files differ from it}``, with ``"diff_sha256"`` (of :func:`code_diff`) when they do, so "which code produced
+    this" stays answerable; outside a git checkout (an installed package), the version alone. ``root``: the
+    checkout (default: the one this module is in)."""
+    import hashlib
     import subprocess
-    from pathlib import Path
 
     from zerosim import __version__
 
     out: dict[str, Any] = {"version": __version__}
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
@@ -322,7 +325,29 @@ def code_version() -> dict[str, Any]:
         return out
     out["commit"] = head.stdout.strip()
     out["dirty"] = bool(status.stdout.strip())
+    diff = code_diff(root) if out["dirty"] else None
+    if diff is not None:
+        out["diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest()
     return out
+
+
+def code_diff(root: str | Path | None = None) -> str | None:
+    """``git diff HEAD`` of the checkout (tracked files: what ``dirty`` means; files git does not track are
+    not in it), or None outside a checkout, with no changes, or where git fails."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
+    try:
+        diff = subprocess.run(
+            ["git", "-C", str(root), "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff"],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if diff.returncode != 0 or not diff.stdout:
+        return None
+    return diff.stdout.decode("utf-8", errors="replace")  # --binary writes binary files as ASCII
 
 
 def check_tracking_uri(uri: str | None, key: str = "tracking.tracking_uri", timeout: float = 5.0) -> None:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"  # a finished stage's record: key, time, config, outputs
 ATTEMPT_FILE = "attempt.json"  # a running stage's time so far, and the MLflow runs its attempts started
+CODE_DIFF = "code.diff"  # beside a record written by a checkout with uncommitted changes: `git diff HEAD` then
 
 
 class Kind(StrEnum):
@@ -228,6 +229,11 @@ def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]
     grace = launch_grace(c, command)
     env = {**os.environ, GRACE_ENV: os.environ.get(GRACE_ENV, str(grace))}  # the user's own setting wins
     log.info("launching %s (%s=%s)", " ".join(command), GRACE_ENV, env[GRACE_ENV])
+    from zerosim.core.signals import Terminated
+    from zerosim.training.recipe import STOPPED_FILE
+
+    stopped = out / c.run.name / STOPPED_FILE
+    stopped.unlink(missing_ok=True)
     job = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
     try:
         code = job.wait()
@@ -238,6 +244,11 @@ def _launch_training(c: TrainConfig, out: Path, launcher: str) -> dict[str, Any]
         except subprocess.TimeoutExpired:
             job.kill()
         raise
+    if code != 0 and stopped.is_file():  # the job stopped cleanly (its launcher says 1 for ranks' 143)
+        raise Terminated(
+            f"training stage stopped cleanly ({stopped.read_text().strip()}; {' '.join(command)} exited {code}): "
+            "run the experiment again to resume it from its checkpoint"
+        )
     if code != 0:
         raise RuntimeError(f"training stage failed (exit code {code}): {' '.join(command)}")
     return finished_training(c, out / c.run.name, " ".join(command))
@@ -309,7 +320,11 @@ def _eval(stage: Stage, ctx: RunContext) -> dict[str, Any]:
     from zerosim.engines import build_search_engine
 
     result = run_eval(stage.config, build_engine=build_search_engine)
-    done = {"run_id": result.run_id, "rows": result.rows, "questions": str(result.out_dir / "questions.jsonl")}
+    done = {
+        "run_id": result.run_id,
+        "rows": result.rows,
+        "questions": str(result.out_dir / "questions.jsonl"),
+    }
     return {**done, "search_ledger": {"web": result.ledger}} if result.ledger else done
 
 

@@ -22,6 +22,7 @@ from zerosim.experiment.estimates import CONTENDED_SHARE, estimate_notes, estima
 from zerosim.experiment.keys import status
 from zerosim.experiment.kinds import (
     ATTEMPT_FILE,
+    CODE_DIFF,
     KINDS,
     STAGE_FILE,
     Kind,
@@ -190,8 +191,12 @@ def check_inputs(
                 raise
             missing.append(str(exc))
 
-    def held_out(name: str, source: str, split: str) -> None:
-        spec = parse_qa_spec(source, split)
+    def held_out(name: str, source: str, split: str, where: str) -> None:
+        """``where``: what set the split — eval.datasets (eval.split, a :split suffix) or an eval override."""
+        try:
+            spec = parse_qa_spec(source, split)
+        except DataError as exc:  # a FlashRAG folder without the split: what it holds is named
+            raise DataError(f"{where}: {exc}" if where != "eval.datasets" else str(exc)) from None
         if spec.path is not None and not spec.path.exists():
             raise ConfigError(
                 f"eval.datasets: {source} does not exist; point it at a FlashRAG jsonl/parquet file or folder, "
@@ -200,9 +205,14 @@ def check_inputs(
         if spec.path is not None:  # read as `zerosim eval` reads it: the same row checks, before any stage
             _held_out_rows(cfg, name, source, split)
         if spec.repo == "factbook" and spec.split not in SPLITS:
+            if where == "eval.datasets":
+                raise ConfigError(
+                    f"eval.datasets: the embedded factbook has splits {', '.join(SPLITS)}, not {spec.split!r} "
+                    "(eval.split or a :split suffix)"
+                )
             raise ConfigError(
-                f"eval.datasets: the embedded factbook has splits {', '.join(SPLITS)}, not {spec.split!r} "
-                "(eval.split or a :split suffix)"
+                f"{where}: every eval stage would read split {spec.split!r} of the embedded factbook, whose "
+                f"splits are {', '.join(SPLITS)}; give one of them (or set eval.split and drop the override)"
             )
 
     def simulator_model() -> None:
@@ -212,8 +222,17 @@ def check_inputs(
             raise ConfigError(f"simulator.model: {exc}") from None
 
     check_tracking_uri(cfg.tracking.tracking_uri)
-    for name, source, split in dataset_names(list(cfg.eval.datasets), cfg.eval.split):
-        checked(lambda name=name, source=source, split=split: held_out(name, source, split))
+    # each eval stage's split as the stage applies it: eval.split, unless an eval override sets another
+    splits = [s.config.split for s in stages if s.kind == Kind.eval] or [cfg.eval.split]
+    read: set[tuple[str, str]] = set()
+    for default_split in dict.fromkeys(splits):
+        where = (
+            "eval.datasets" if default_split == cfg.eval.split else f"eval.overrides: split={default_split}"
+        )
+        for name, source, split in dataset_names(list(cfg.eval.datasets), default_split):
+            if (source, split) not in read:
+                read.add((source, split))
+                checked(lambda n=name, so=source, sp=split, w=where: held_out(n, so, sp, w))
     if cfg.simulator.model is not None:
         checked(simulator_model)
     if cfg.train_launcher:
@@ -274,8 +293,22 @@ def _stage_inputs(stages: Sequence[Stage], checked: Callable[[Callable[[], Any]]
                 w = c.warmstart
                 once(("data", w.data, w.split), lambda w=w: _data(w.data, w.split, "warmstart.data"))
                 search(w.search, f"{stage.name}: warmstart.search.")
-        elif stage.kind == Kind.eval and stage.config.method != "direct":
-            search(c.search, f"{stage.name}: search.")
+        elif stage.kind == Kind.eval:
+            # what generates (eval.overrides: generation=vllm without vLLM here, server without policy_url)
+            once(("generation", c.generation, c.policy_url or ""), lambda c=c: _generation(c))
+            if c.method != "direct":
+                search(c.search, f"{stage.name}: search.")
+
+
+def _generation(config: Any) -> None:
+    """An eval stage's ``generation`` checked as its run checks it before the policy loads (vLLM found with
+    ``importlib.util.find_spec``, not imported), naming ``eval.overrides``, which is what sets it."""
+    from eval.harness import generation_backend
+
+    try:
+        generation_backend(config)
+    except ConfigError as exc:
+        raise ConfigError(f"eval.overrides: {exc}") from None
 
 
 def changed_models(stages: Sequence[Stage], root: Path) -> list[str]:
@@ -459,7 +492,7 @@ def _run_locked(
 ) -> ExperimentResult:
     import mlflow
 
-    from zerosim.core.tracking import code_version, configure, mlflow_run
+    from zerosim.core.tracking import code_diff, code_version, configure, mlflow_run
 
     state_path = root / EXPERIMENT_FILE
     state = read_json(state_path) or {}
@@ -479,6 +512,7 @@ def _run_locked(
             mlflow.log_text(to_yaml(cfg), "experiment.yaml")
         outputs: dict[str, dict[str, Any]] = {}
         code, machine = code_version(), machine_kind()
+        diff = code_diff() if code.get("diff_sha256") else None  # beside each record: which code ran it
         by_name = {s.name: s for s in stages}
         number = {s.name: i for i, s in enumerate(stages, 1)}
         while True:
@@ -521,6 +555,8 @@ def _run_locked(
                     f"  {stage.name} ran beside other processes (they took {others:.0%} of the CPU): "
                     "its time is not this job's speed and no estimate learns from it"
                 )
+            if diff is not None:  # uncommitted changes ran this stage: the diff travels with its record
+                atomic_write_text(stage.dir(root) / CODE_DIFF, diff)
             record = {
                 "name": stage.name,
                 "kind": stage.kind,

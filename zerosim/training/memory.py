@@ -31,6 +31,8 @@ OBSERVATION_WRAPPER = 16
 RUNTIME_RESERVE = 3.0 * GB
 # vLLM beside its weights: CUDA graphs, sampler and activation buffers
 VLLM_OVERHEAD = 1.5 * GB
+# the GB a --gpu-memory card may have: the largest accelerators hold a few hundred GB (H200 141, MI355X 288)
+CARD_GB_RANGE = (1.0, 4096.0)
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,16 @@ class Launch:
 
 # accelerate's distributed types zerosim plans and trains under: one process, DDP (every MULTI_* device kind),
 # DeepSpeed ZeRO 0-3, FSDP
-DDP_TYPES = ("MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_HPU", "MULTI_SDAA")
+DDP_TYPES = (
+    "MULTI_CPU",
+    "MULTI_GPU",
+    "MULTI_NPU",
+    "MULTI_XPU",
+    "MULTI_MLU",
+    "MULTI_MUSA",
+    "MULTI_HPU",
+    "MULTI_SDAA",
+)
 LAUNCH_TYPES = ("NO", *DDP_TYPES, "DEEPSPEED", "FSDP")
 ZERO_STAGES = {0: Strategy.ddp, 1: Strategy.zero1, 2: Strategy.zero2, 3: Strategy.zero3}
 
@@ -595,9 +606,27 @@ def plan_rows(plan: MemoryPlan | None, policy: str) -> list[tuple[str, str]]:
     return rows
 
 
+def check_gpu_memory(gpu_memory: float | None) -> None:
+    """Refuse a ``--gpu-memory`` no card has: not a number (inf, nan), under :data:`CARD_GB_RANGE`'s 1 GB, or
+    over its 4096 GB (the largest cards hold a few hundred GB: more is a typo or MB given for GB)."""
+    import math
+
+    low, high = CARD_GB_RANGE
+    if gpu_memory is None or (math.isfinite(gpu_memory) and low <= gpu_memory <= high):
+        return
+    from zerosim.core.config import ConfigError
+
+    raise ConfigError(
+        f"--gpu-memory {gpu_memory:g}: give one GPU's memory in GB, a number from {low:g} to {high:g} "
+        "(80 for an H100, 141 for an H200; no card holds more than a few hundred GB, so a larger value is a "
+        "typo or MB given for GB)"
+    )
+
+
 def card_bytes(gpu_memory: float | None) -> float | None:
-    """``--gpu-memory`` GB, else this machine's first GPU, else None."""
+    """``--gpu-memory`` GB (checked: :func:`check_gpu_memory`), else this machine's first GPU, else None."""
     if gpu_memory is not None:
+        check_gpu_memory(gpu_memory)
         return gpu_memory * GB
     import torch
 

@@ -69,15 +69,26 @@ def check_vllm_server(
 
 def planned_generation(cfg: TrainConfig, gpu_memory: float | None = None) -> str:
     """The dry run's ``generation`` row, once :func:`require_vllm` passed here as it must at start. A plan for
-    another machine's card (``gpu_memory`` GB given, no CUDA device here) checks none of it: CUDA, vLLM and
-    the server are that machine's."""
+    another machine's card (``gpu_memory`` GB given, no CUDA device here) leaves CUDA and vLLM to that machine;
+    a ``vllm_server`` is asked all the same (its health route, :data:`HEALTH_TIMEOUT_S`): a dead URL passed the
+    plan and stopped the run."""
     t = cfg.trainer
     if t.generation == "hf":
         return "hf"
     if gpu_memory is not None and not torch.cuda.is_available():
-        if t.generation == "vllm_server":
-            check_url(t.vllm_server_url, "trainer.vllm_server_url")
-        return f"{t.generation} (for a CUDA GPU of {gpu_memory:g} GB elsewhere: not checked here)"
+        elsewhere = f"for a CUDA GPU of {gpu_memory:g} GB elsewhere"
+        if t.generation != "vllm_server":
+            return f"{t.generation} ({elsewhere}: not checked here)"
+        try:
+            check_vllm_server(t.vllm_server_url)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{exc} (--gpu-memory plans for another machine's GPU, but the server is asked from here: run "
+                "the dry run where the server answers)"
+            ) from None
+        return (
+            f"vllm_server ({elsewhere}: CUDA and vLLM not checked here), server {t.vllm_server_url} answers"
+        )
     try:
         require_vllm(cfg)
     except ConfigError as exc:
