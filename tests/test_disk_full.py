@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from zerosim.core.fsutil import DiskFullError, named_disk_full, no_space
+from zerosim.core.fsutil import DiskFullError, WriteFaultError, named_write_fault, no_space
 
 TORCH_WORDS = "[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/3: file write failed"
 
@@ -32,7 +32,19 @@ def test_a_full_disk_is_told_apart_from_other_failures(exc, full):
     assert no_space(wrapped) is full
 
 
-def test_an_index_build_that_fills_the_disk_names_it_and_leaves_nothing(tmp_path, monkeypatch, zerosim_cli):
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        (errno.ENOSPC, "writing bm25: the disk holding"),
+        (errno.EFBIG, "met a file-size limit (EFBIG: File too large); raise the limit (`ulimit -f`"),
+        (errno.EROFS, "is on a read-only file system (EROFS"),
+    ],
+)
+def test_an_index_build_meeting_a_write_fault_names_it_and_leaves_nothing(
+    fault, words, tmp_path, monkeypatch, zerosim_cli
+):
+    import os
+
     import eval.index
 
     corpus = tmp_path / "corpus.jsonl"
@@ -41,7 +53,7 @@ def test_an_index_build_that_fills_the_disk_names_it_and_leaves_nothing(tmp_path
     )
 
     def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(fault, os.strerror(fault), str(tmp_path / "indexes" / "docs.jsonl"))
 
     monkeypatch.setattr(eval.index, "write_docs", full)
     out = tmp_path / "indexes" / "bm25"
@@ -50,11 +62,8 @@ def test_an_index_build_that_fills_the_disk_names_it_and_leaves_nothing(tmp_path
     )
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line
-    assert (
-        "writing bm25: the disk holding" in line
-        and "MiB free" in line
-        and "nothing was left half-written" in line
-    )
+    assert words in line and "nothing was left half-written" in line, line
+    assert "MiB free" in line or fault != errno.ENOSPC
     assert not out.exists() and list((tmp_path / "indexes").iterdir()) == []  # no temporary folder left
 
 
@@ -82,7 +91,19 @@ def test_a_checkpoint_save_that_fills_the_disk_says_how_to_resume(
 
 
 def test_the_named_error_keeps_what_it_was_raised_from(tmp_path):
-    with pytest.raises(DiskFullError) as raised, named_disk_full(tmp_path / "x", "writing x", "free space"):
+    with pytest.raises(DiskFullError) as raised, named_write_fault(tmp_path / "x", "writing x", "then again"):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert raised.value.errno == errno.ENOSPC and isinstance(raised.value.__cause__, OSError)
     assert str(raised.value).startswith(f"writing x: the disk holding {tmp_path / 'x'} is full (")
+
+
+def test_a_write_fault_keeps_its_errno_and_names_the_file_it_met():
+    with pytest.raises(WriteFaultError) as raised, named_write_fault("/out", "exporting", "then run again"):
+        raise OSError(errno.EROFS, "Read-only file system", "/out/a/stage.json")
+    assert raised.value.errno == errno.EROFS and isinstance(raised.value.__cause__, OSError)
+    assert str(raised.value) == (
+        "exporting: /out/a/stage.json is on a read-only file system (EROFS: Read-only file system); write "
+        "elsewhere (or remount it read-write), then run again"
+    )
+    with pytest.raises(ValueError), named_write_fault("/out", "exporting", "then run again"):
+        raise ValueError("not a write fault")

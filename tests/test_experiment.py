@@ -336,6 +336,44 @@ def test_train_launcher_runs_the_stage_as_a_command(tmp_path, mlflow_db):
     assert grace == launch_grace(train, argv) and grace >= 60
 
 
+def test_a_launched_stage_that_stopped_cleanly_stops_the_experiment_resumable(tmp_path, mlflow_db):
+    """torchrun and `accelerate launch` exit 1 when their ranks exit 143 after a clean stop (SIGTERM, STOP):
+    the job's stopped.json tells the stop from a failure, so the experiment stops with 143 too (run it again
+    to resume), and a failure without it stays a failure."""
+    from zerosim.core.config import load_config
+    from zerosim.core.signals import EXIT_CODE, Terminated
+    from zerosim.experiment import ExperimentConfig
+    from zerosim.experiment.kinds import Stage, run_stage
+    from zerosim.training.config import TrainConfig
+
+    fake = tmp_path / "launcher.py"
+    fake.write_text(
+        "import json, sys, pathlib, yaml\n"
+        "args = sys.argv[1:]\n"
+        "cfg = yaml.safe_load(pathlib.Path(args[args.index('--config') + 1]).read_text())\n"
+        "out = pathlib.Path(cfg['run']['output_dir']) / cfg['run']['name']\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "if '--stop' in args: (out / 'stopped.json').write_text(json.dumps({'step': 2, 'reason': 'SIGTERM'}))\n"
+        "sys.exit(1)\n"
+    )
+    out = tmp_path / "stages" / "train-real-s0"
+    train = load_config(
+        None,
+        [f"run.output_dir={out}", "run.name=real", f"tracking.tracking_uri={mlflow_db}"],
+        schema=TrainConfig,
+    )
+    stage = Stage("train-real-s0", "train", train, [])
+    with pytest.raises(Terminated, match=r"stopped cleanly .*step.: 2.*run the experiment again") as stop:
+        run_stage(
+            stage, tmp_path, ExperimentConfig(train_launcher=f"{sys.executable} {fake} --stop"), parent=None
+        )
+    assert stop.value.code == EXIT_CODE
+    with pytest.raises(
+        RuntimeError, match=r"training stage failed \(exit code 1\)"
+    ):  # an old stopped.json is cleared
+        run_stage(stage, tmp_path, ExperimentConfig(train_launcher=f"{sys.executable} {fake}"), parent=None)
+
+
 def test_train_launcher_keeps_the_users_own_shutdown_timeout(tmp_path, mlflow_db, monkeypatch):
     from zerosim.core.config import load_config
     from zerosim.experiment import ExperimentConfig
@@ -1002,6 +1040,27 @@ def test_the_manifest_names_the_code_and_flags_stages_from_other_code():
     assert "other code" in _code({**same, "commit": "b" * 40}, same)
     assert "uncommitted" in _code({**same, "dirty": True}, same)
     assert _code(None, same) == "not recorded"
+
+
+def test_uncommitted_changes_are_recorded_by_their_diff(tmp_path):
+    """A stage run on a dirty checkout says which code ran it: the digest of `git diff HEAD` in its code
+    version (the diff itself is written beside its record, code.diff, and travels with it)."""
+    import hashlib
+
+    from zerosim.core.tracking import code_diff, code_version
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    clean = code_version(tmp_path)
+    assert clean["dirty"] is False and "diff_sha256" not in clean and code_diff(tmp_path) is None
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "untracked.py").write_text("y = 1\n")
+    dirty, diff = code_version(tmp_path), code_diff(tmp_path)
+    assert dirty["dirty"] is True and "-x = 1" in diff and "+x = 2" in diff and "untracked" not in diff
+    assert dirty["diff_sha256"] == hashlib.sha256(diff.encode()).hexdigest()
 
 
 def test_the_gpu_preset_trains_every_simulator_arm_against_its_simulator(tmp_path):

@@ -175,7 +175,20 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, ti
     assert "stopped by another rank's SIGTERM or STOP file after step 2" in output  # the other, same step
     folder = tmp_path / "out" / "mp"
     assert last_complete_checkpoint(folder) == folder / "checkpoint-2"
+    # the launcher exits 1 for ranks that exit 143: the run folder says the job stopped cleanly
+    assert json.loads((folder / "stopped.json").read_text()) == {"step": 2, "reason": "SIGTERM"}
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, "run.resume=true"], schema=TrainConfig)
     assert resume_point(cfg, folder)[0] == folder / "checkpoint-2"  # the same run continues from it
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     assert mlflow.MlflowClient().get_run(recorded_run(folder)).info.status == "FAILED"
+
+    # the two ranks resume it (before, both died loading the optimizer state: transformers mapped it to the
+    # rank's device, "cpu:0", which torch cannot restore to) and train the one step left
+    resumed = [*cmd[: cmd.index("--config") + 2], *overrides, "run.resume=true", "trainer.max_steps=3"]
+    proc = subprocess.run(resumed, capture_output=True, text=True, timeout=300, env={**env, "SIGNAL_RANK": "9"},
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, _failure(proc)
+    rolled = [json.loads((trace / f"rank{r}.json").read_text())["rolled_out"] for r in (0, 1)]
+    assert rolled == [[2], [2]], proc.stdout[-2000:]  # continued from checkpoint-2, each rank
+    assert json.loads((folder / "result.json").read_text())["steps"] == 3
+    assert not (folder / "stopped.json").exists()

@@ -141,14 +141,23 @@ def test_a_re_run_model_with_other_weights_re_runs_its_readers_the_same_weights_
     assert real["provenance"]["0"]["warmstart"] == f"{other[:SHORT]}…"
 
 
-def test_a_record_from_before_digests_is_reused_and_its_instance_said_unrecorded(small):
+def test_a_record_from_before_digests_is_reused_and_its_instance_said_unrecorded(small, monkeypatch):
+    import zerosim.core.tracking as tracking
     from zerosim.experiment import build_stages, load_experiment, run_experiment
     from zerosim.experiment.provenance import row_provenance
     from zerosim.experiment.run import plan_statuses
 
+    # run from a checkout with uncommitted changes: each record names the diff's digest, the diff beside it
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    dirty = {"version": "0", "commit": "c" * 40, "dirty": True, "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()}
+    monkeypatch.setattr(tracking, "code_version", lambda root=None: dirty)
+    monkeypatch.setattr(tracking, "code_diff", lambda root=None: diff)
     config, tmp, few = small
     cfg = load_experiment(config, few)
     root = run_experiment(cfg, echo=lambda line: None).root
+    for name, record in _records(root).items():
+        assert record["code"] == dirty and (root / "stages" / name / "code.diff").read_text() == diff, name
+    monkeypatch.undo()
     for path in (root / "stages").glob("*/stage.json"):  # as the records of the committed ablation are
         record = json.loads(path.read_text())
         for key in ("model", "reads", "machine"):

@@ -138,7 +138,7 @@ def test_fresh_run_into_a_folder_with_checkpoints_refuses_before_loading_weights
 
     qa, _ = data_files
     folder = tmp_path / "run"
-    (folder / "checkpoint-4").mkdir(parents=True)
+    _checkpoint(folder, 4, {"global_step": 4, "files": {}})  # complete: a resume could continue it
     (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "a" * 32}))
 
     def no_weights(*args, **kwargs):
@@ -153,6 +153,26 @@ def test_fresh_run_into_a_folder_with_checkpoints_refuses_before_loading_weights
     message = str(info.value)
     assert "checkpoint-4" in message and "a" * 32 in message  # what is there, whose
     assert "resume=true" in message and "run.name" in message and "run.output_dir" in message  # both ways out
+
+
+def test_a_save_that_died_midway_leaves_one_way_out_not_two(tmp_path):
+    """A checkpoint save that died midway (a full disk, a kill: no state file) sent a fresh run to resume=true
+    and resume=true back to a fresh run. Now a resume says there is nothing to continue and how, and a fresh
+    run moves the incomplete checkpoint aside (the main process; a dry run or another rank moves nothing)."""
+    from zerosim.training.checkpoint import resume_point
+
+    folder = tmp_path / "run"
+    half = folder / "checkpoint-1"
+    half.mkdir(parents=True)
+    (half / "model.safetensors").write_bytes(b"x" * 10)
+    (folder / "mlflow_run.json").write_text(json.dumps({"run_id": "b" * 32}))
+    with pytest.raises(
+        FileNotFoundError, match=r"only incomplete checkpoints \(checkpoint-1: .*without resume=true"
+    ):
+        resume_point(_cfg(tmp_path, "run.resume=true"), folder)
+    assert resume_point(_cfg(tmp_path), folder, main=False) == (None, None) and half.is_dir()
+    assert resume_point(_cfg(tmp_path), folder) == (None, None)
+    assert not half.exists() and (folder / "incomplete-checkpoint-1" / "model.safetensors").is_file()
 
 
 def test_a_folder_holding_only_final_or_warmstart_is_reused_by_a_fresh_run(tmp_path):
@@ -360,6 +380,8 @@ def test_a_damaged_newest_checkpoint_names_the_one_before_that_verifies(tmp_path
         tmp_path, 2, {"global_step": 2, "files": {"model.bin": 3}, "digests": {"model.bin": digest}},
         {"model.bin": b"abd"},
     )  # fmt: skip
-    with pytest.raises(ConfigError, match=r"checkpoint-1 is complete and verifies: move the damaged one aside"):
+    with pytest.raises(
+        ConfigError, match=r"checkpoint-1 is complete and verifies: move the damaged one aside"
+    ):
         _refuse_damaged(tmp_path, newest)
     _refuse_damaged(tmp_path, first)  # an intact newest passes

@@ -3,6 +3,7 @@ results files checked against their records on reuse, and what a surprising scor
 samples) exported for every stage that has an MLflow run — on synthetic stage folders, no experiment run."""
 
 import csv
+import errno
 import json
 import os
 import re
@@ -162,8 +163,17 @@ def test_an_export_into_the_experiments_own_folder_is_refused(tmp_path):
         ('{"experiment": "exp", "stages": [1, 2]}', "stages"),
         ('{"stages": []}', "experiment"),
         ('{"experiment": "exp", "stages": [], "files": []}', "files"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deep"),
     ],
-    ids=["bad-json", "a-list", "stages-a-string", "stages-not-names", "no-experiment", "files-a-list"],
+    ids=[
+        "bad-json",
+        "a-list",
+        "stages-a-string",
+        "stages-not-names",
+        "no-experiment",
+        "files-a-list",
+        "nested-100000-deep",
+    ],
 )
 def test_a_malformed_manifest_is_refused_naming_the_file(tmp_path, content, what):
     from zerosim.experiment.transfer import import_results
@@ -174,6 +184,30 @@ def test_a_malformed_manifest_is_refused_naming_the_file(tmp_path, content, what
     with pytest.raises(ConfigError, match=re.escape(str(manifest))) as refused:
         import_results(_stages(), tmp_path / "there", tmp_path / "export", name=NAME)
     assert what in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_manifest_over_the_size_bound_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    import zerosim.experiment.transfer as transfer
+
+    (tmp_path / "export").mkdir()
+    manifest = tmp_path / "export" / "export.json"
+    manifest.write_text(json.dumps({"experiment": NAME, "stages": [], "padding": "x" * 200}))
+    monkeypatch.setattr(transfer, "MAX_JSON_BYTES", 100)
+    with pytest.raises(ConfigError, match=re.escape(str(manifest))) as refused:
+        transfer.import_results(_stages(), tmp_path / "there", tmp_path / "export", name=NAME)
+    assert "bytes" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_stage_record_nested_too_deep_is_refused_naming_it(tmp_path):
+    from zerosim.experiment.transfer import import_results
+
+    stages, out = _export(tmp_path)
+    record = out / "warmstart" / "stage.json"
+    record.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match=re.escape(str(record))) as refused:
+        import_results(stages, tmp_path / "there", out, name=NAME)
+    assert "nested too deep" in str(refused.value) and "\n" not in str(refused.value)
+    _nothing_imported(tmp_path / "there")
 
 
 # -- a dry run writes nothing ----------------------------------------------------------------------------------
@@ -391,7 +425,9 @@ def test_a_critic_and_a_killed_checkpoint_deletion_do_not_travel(tmp_path):
     assert set(written_files(train, root)) == {"real/result.json"}
 
 
-def test_a_record_naming_files_outside_its_stage_folder_is_refused_on_import_and_on_reuse(tmp_path, zerosim_cli, monkeypatch):
+def test_a_record_naming_files_outside_its_stage_folder_is_refused_on_import_and_on_reuse(
+    tmp_path, zerosim_cli, monkeypatch
+):
     """An exported eval record whose outputs.questions points at another file (every answer right) must not
     reach the report; a record whose model path is elsewhere must not be reused."""
     import shutil
@@ -406,7 +442,9 @@ def test_a_record_naming_files_outside_its_stage_folder_is_refused_on_import_and
     forged.write_text("")
     record["outputs"]["questions"] = str(forged)
     record_file.write_text(json.dumps(record))
-    manifest = json.loads((export / "export.json").read_text())  # the sizes updated, as a careful editor would
+    manifest = json.loads(
+        (export / "export.json").read_text()
+    )  # the sizes updated, as a careful editor would
     manifest["files"]["eval-real-s0-bm25"]["stage.json"] = record_file.stat().st_size
     (export / "export.json").write_text(json.dumps(manifest))
     refused = zerosim_cli(
@@ -426,13 +464,19 @@ def test_a_local_record_pointing_elsewhere_is_refused_when_read(tmp_path):
     folder = stage.dir(tmp_path)
     folder.mkdir(parents=True)
     (folder / "stage.json").write_text(json.dumps({"key": "k", "outputs": {"path": "/tmp/other/final"}}))
-    with pytest.raises(ConfigError, match=r"outputs.path is '/tmp/other/final', not inside the stage's folder"):
+    with pytest.raises(
+        ConfigError, match=r"outputs.path is '/tmp/other/final', not inside the stage's folder"
+    ):
         read_stage(stage, tmp_path)
-    (folder / "stage.json").write_text(json.dumps({"key": "k", "outputs": {"path": "<root>/stages/train-real-s0/real/final"}}))
+    (folder / "stage.json").write_text(
+        json.dumps({"key": "k", "outputs": {"path": "<root>/stages/train-real-s0/real/final"}})
+    )
     assert read_stage(stage, tmp_path)["outputs"]["path"] == str(tmp_path / "stages/train-real-s0/real/final")
 
 
-def test_an_export_dry_run_writes_nothing_and_an_import_beside_an_export_comes_first(tmp_path, zerosim_cli, monkeypatch):
+def test_an_export_dry_run_writes_nothing_and_an_import_beside_an_export_comes_first(
+    tmp_path, zerosim_cli, monkeypatch
+):
     monkeypatch.chdir(ROOT)
     config = "configs/experiments/curriculum-ablation-cpu.yaml"
     common = ["experiment", "--config", config, f"output_dir={tmp_path / 'runs'}"]
@@ -440,7 +484,9 @@ def test_an_export_dry_run_writes_nothing_and_an_import_beside_an_export_comes_f
                       "--dry-run").output  # fmt: skip
     assert "would export 0 finished stages" in dry and "would import" in dry
     assert not (tmp_path / "e1").exists() and not (tmp_path / "runs").exists()
-    out = zerosim_cli(*common, "--import", "results/curriculum-ablation-cpu", "--export", str(tmp_path / "e2")).output
+    out = zerosim_cli(
+        *common, "--import", "results/curriculum-ablation-cpu", "--export", str(tmp_path / "e2")
+    ).output
     brought = int(re.search(r"imported (\d+) stages", out).group(1))
     assert brought > 0 and f"exported {brought} finished stages" in out.replace("\n", " ")
     exported = json.loads((tmp_path / "e2" / "export.json").read_text())
@@ -450,6 +496,56 @@ def test_an_export_dry_run_writes_nothing_and_an_import_beside_an_export_comes_f
 def test_the_report_travels_with_its_record(tmp_path):
     """report.json, report.md and the plot (written into the experiment's folder) are in the export, listed."""
     _, out = _export(tmp_path)
-    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.json", "report.md", "report.png", "stage.json"]
+    assert sorted(p.name for p in (out / "report").iterdir()) == [
+        "report.json",
+        "report.md",
+        "report.png",
+        "stage.json",
+    ]
     listed = json.loads((out / "export.json").read_text())["files"]["report"]
     assert set(listed) == {"report.json", "report.md", "report.png", "stage.json"}
+
+
+@pytest.mark.parametrize(
+    ("way", "fault", "words"),
+    [
+        ("export", errno.ENOSPC, "the disk holding"),
+        ("export", errno.EFBIG, "met a file-size limit (EFBIG"),
+        ("import", errno.EROFS, "is on a read-only file system (EROFS"),
+        ("import", errno.ENOSPC, "the disk holding"),
+    ],
+)
+def test_a_write_fault_during_an_export_or_import_is_one_line_and_leaves_no_temporary_folder(
+    tmp_path, monkeypatch, way, fault, words
+):
+    """A full disk, a read-only folder or a file-size limit met while copying: one line naming where, the
+    errno's meaning and the way out — not an OSError traceback — and no `.<stage>.tmp` / `.import` left."""
+    import zerosim.experiment.transfer as transfer
+    from zerosim.core.fsutil import WriteFaultError
+
+    stages, out = (
+        _export(tmp_path) if way == "import" else (_experiment(tmp_path / "here"), tmp_path / "export")
+    )
+    copy, calls = transfer._copy_regular, []
+
+    def failing(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the second file of the first stage: half a stage written
+            raise OSError(fault, os.strerror(fault), str(dst))
+        return copy(src, dst)
+
+    monkeypatch.setattr(transfer, "_copy_regular", failing)
+    there = tmp_path / "there"
+    with pytest.raises(WriteFaultError) as raised:
+        if way == "export":
+            transfer.export_results(stages, tmp_path / "here", out, name=NAME)
+        else:
+            transfer.import_results(stages, there, out, name=NAME)
+    message = str(raised.value)
+    assert "\n" not in message and words in message and f"--{way} " in message, message
+    assert f"then {way} again" in message
+    written = out if way == "export" else there / "stages"
+    assert not [p.name for p in written.rglob("*") if p.name.endswith((".tmp", ".import"))]
+    assert (
+        not (out / "export.json").exists() or way == "import"
+    )  # an export without its manifest is no export

@@ -52,17 +52,35 @@ def _make_temp_file(parent: Path, prefix: str) -> tuple[int, Path]:
 # what a full disk (or quota) looks like: errno, or the words of a library that lost it (torch's writer)
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded", "file write failed")
+# the other faults of a write that the writer cannot fix by retrying: what each means, and the way out
+WRITE_FAULTS = {
+    errno.EROFS: ("is on a read-only file system", "write elsewhere (or remount it read-write)"),
+    errno.EFBIG: (
+        "met a file-size limit",
+        "raise the limit (`ulimit -f`, a quota) or write to a file system that takes larger files",
+    ),
+    errno.EACCES: ("may not be written by this user", "fix its permissions or write elsewhere"),
+    errno.EPERM: ("may not be written by this user", "fix its permissions or write elsewhere"),
+}
 
 
-class DiskFullError(OSError):
-    """A write failed because its disk (or quota) is full: one line naming where, how much is free, the fix."""
+class WriteFaultError(OSError):
+    """A write failed for a reason of its disk or file system (full, read-only, a size limit, permissions):
+    one line naming where, what the errno means and the way out."""
 
-    def __init__(self, message: str):
-        super().__init__(errno.ENOSPC, message)
+    def __init__(self, code: int, message: str):
+        super().__init__(code, message)
         self.message = message
 
     def __str__(self) -> str:
         return self.message
+
+
+class DiskFullError(WriteFaultError):
+    """A write failed because its disk (or quota) is full: one line naming where, how much is free, the fix."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
 
 
 def no_space(exc: BaseException) -> bool:
@@ -77,6 +95,16 @@ def no_space(exc: BaseException) -> bool:
     return False
 
 
+def write_fault(exc: BaseException) -> OSError | None:
+    """The ``OSError`` of :data:`WRITE_FAULTS` that ``exc`` is, or was raised from; None otherwise."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 def _free(path: Path) -> str:
     here = Path(path).absolute()
     while not here.exists() and here != here.parent:
@@ -88,17 +116,31 @@ def _free(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def named_disk_full(path: str | Path, what: str, fix: str) -> Iterator[None]:
-    """Turn a full disk met inside the block (an ``OSError`` ENOSPC/EDQUOT, or a library's words for it) into
-    :class:`DiskFullError`: ``<what>: the disk holding <path> is full (N MiB free); <fix>``."""
+def named_write_fault(path: str | Path, what: str, then: str) -> Iterator[None]:
+    """Turn a write fault met inside the block into one line: a full disk or quota (an ``OSError``
+    ENOSPC/EDQUOT, or a library's words for it) into :class:`DiskFullError` — ``<what>: the disk holding
+    <path> is full (N MiB free); free space there or write elsewhere, <then>`` — and a read-only file system,
+    a file-size limit or a permission (:data:`WRITE_FAULTS`) into :class:`WriteFaultError`, naming the file
+    the fault names, the errno and its way out. ``then``: what to do once the fault is fixed."""
     try:
         yield
-    except DiskFullError:
+    except WriteFaultError:
         raise
     except Exception as exc:
-        if not no_space(exc):
+        if no_space(exc):
+            raise DiskFullError(
+                f"{what}: the disk holding {path} is full ({_free(Path(path))}); free space there or write "
+                f"elsewhere, {then}"
+            ) from exc
+        fault = write_fault(exc)
+        if fault is None:
             raise
-        raise DiskFullError(f"{what}: the disk holding {path} is full ({_free(Path(path))}); {fix}") from exc
+        meaning, way = WRITE_FAULTS[fault.errno]
+        where = fault.filename or path
+        raise WriteFaultError(
+            fault.errno,
+            f"{what}: {where} {meaning} ({errno.errorcode[fault.errno]}: {os.strerror(fault.errno)}); {way}, {then}",
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -111,9 +153,9 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(target.parent, f".tmp-{target.name}-")
-    fix = "nothing was left half-written; free space there or write elsewhere, then run again"
+    then = "then run again (nothing was left half-written)"
     try:
-        with named_disk_full(target, f"writing {target.name}", fix):
+        with named_write_fault(target, f"writing {target.name}", then):
             yield tmp
         old = None
         if target.exists():  # move the old one aside first: the target is missing only between two renames
@@ -227,7 +269,9 @@ def folder_lock(folder: str | Path, job: str) -> Iterator[None]:
         ) from None
     try:
         if lock.lock_counter == 1:
-            atomic_write_text(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": job}))
+            atomic_write_text(
+                owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": job})
+            )
         yield
     finally:
         lock.release()

@@ -34,7 +34,8 @@ NOT_RESULTS = (STAGE_FILE, ATTEMPT_FILE)  # a stage folder's bookkeeping: its re
 
 
 def _model_or_hidden(part: str) -> bool:
-    return part in MODEL_DIRS or part.startswith((CHECKPOINT_PREFIX, "."))
+    # incomplete-checkpoint-N: a save that died midway, moved aside by a fresh run (zerosim.training.checkpoint)
+    return part in MODEL_DIRS or part.startswith((CHECKPOINT_PREFIX, ".", f"incomplete-{CHECKPOINT_PREFIX}"))
 
 
 def portable(rel: Path, *, is_dir: bool = False) -> bool:

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.core.config import ConfigError
-from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.fsutil import atomic_write_text, named_write_fault
 from zerosim.experiment.keys import recorded_key
 from zerosim.experiment.kinds import (  # noqa: F401 (ROOT: public here too)
     ROOT,
@@ -56,6 +57,9 @@ from zerosim.experiment.stagefiles import REPORT_FILES, files_problem, portable,
 MANIFEST = "export.json"
 # an export written before manifests listed their files: the most an import of it may copy
 UNLISTED_LIMIT = 1 << 30
+# the most an export's export.json or stage.json may hold: both list files (a few KB to MB); a bigger one is no
+# manifest, and an import must not read a file from elsewhere of any size into memory
+MAX_JSON_BYTES = 64 << 20
 
 
 def _model_folder(stage: Stage, record: dict, stage_dir: Path) -> Path | None:
@@ -102,8 +106,6 @@ def _files_to_export(stage: Stage, record: dict, src: Path, with_models: bool) -
     return regular_files(src, keep), model is not None
 
 
-
-
 def export_results(
     stages: Sequence[Stage],
     root: Path,
@@ -132,37 +134,43 @@ def export_results(
             unfinished.append(stage)
     if dry_run:
         return [stage.name for stage, *_ in finished]
-    out.mkdir(parents=True, exist_ok=True)
+    then = f"then export again (each stage is written whole, {MANIFEST} last; no temporary folder was left)"
+    with named_write_fault(out, f"--export {out}", then):
+        out.mkdir(parents=True, exist_ok=True)
     written, models, listed = [], [], {}
     for stage, record, files, has_model in finished:
         src, tmp = stage.dir(root), out / f".{stage.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if stage.kind == Kind.report:  # its tables and plot live in the experiment's folder: they travel too
-            for name in REPORT_FILES:
-                if (root / name).is_file():
-                    tmp.mkdir(parents=True, exist_ok=True)
-                    _copy_regular(root / name, tmp / name)
-        for path in files:
-            target = tmp / path.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if path.name == STAGE_FILE and path.parent == src:
-                target.write_text(relative_to_root(path.read_text(), root))  # a record written before <root>
-            else:
-                _copy_regular(path, target)
-        if tracking_uri is not None:
-            export_logs(stage_runs(src, record), tracking_uri, tmp / "mlflow")
-        listed[stage.name] = _sizes(tmp)
-        _replace(tmp, out / stage.name)
+        with _written(tmp, f"--export {out}: writing {stage.name}", then):
+            if (
+                stage.kind == Kind.report
+            ):  # its tables and plot live in the experiment's folder: they travel too
+                for name in REPORT_FILES:
+                    if (root / name).is_file():
+                        tmp.mkdir(parents=True, exist_ok=True)
+                        _copy_regular(root / name, tmp / name)
+            for path in files:
+                target = tmp / path.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if path.name == STAGE_FILE and path.parent == src:
+                    target.write_text(
+                        relative_to_root(path.read_text(), root)
+                    )  # a record written before <root>
+                else:
+                    _copy_regular(path, target)
+            if tracking_uri is not None:
+                export_logs(stage_runs(src, record), tracking_uri, tmp / "mlflow")
+            listed[stage.name] = _sizes(tmp)
+            _replace(tmp, out / stage.name)
         written.append(stage.name)
         if has_model:
             models.append(stage.name)
     logged = []
     for stage in unfinished:  # no results to reuse: what it logged, to read why it failed or stopped
         tmp = out / f".{stage.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if export_logs(stage_runs(stage.dir(root), None), tracking_uri, tmp / "mlflow"):
-            _replace(tmp, out / stage.name)
-            logged.append(stage.name)
+        with _written(tmp, f"--export {out}: writing {stage.name}'s logs", then):
+            if export_logs(stage_runs(stage.dir(root), None), tracking_uri, tmp / "mlflow"):
+                _replace(tmp, out / stage.name)
+                logged.append(stage.name)
     manifest = {
         "experiment": name,
         "stages": written,
@@ -170,7 +178,8 @@ def export_results(
         "unfinished": logged,
         "files": listed,
     }
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
+    with named_write_fault(out, f"--export {out}: writing {MANIFEST}", then):
+        atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
     return written
 
 
@@ -198,6 +207,20 @@ def _copy_regular(src: Path, dst: Path) -> None:
             shutil.copyfileobj(f, g)
 
 
+def _load_json(path: Path) -> Any:
+    """``path`` parsed as JSON, or ValueError saying why not in a phrase (``not JSON (...)``): over
+    :data:`MAX_JSON_BYTES`, not JSON, or nested deeper than the parser's recursion allows."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{size} bytes, over the {MAX_JSON_BYTES}-byte bound for a manifest or record")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    except RecursionError:  # e.g. 100,000 "[": Python's parser recurses once per level
+        raise ValueError(f"nested too deep to read (over {sys.getrecursionlimit()} levels)") from None
+
+
 def read_manifest(source: Path) -> dict[str, Any]:
     """An export's ``export.json``, checked: a mapping with the experiment's name, lists of stage names, and
     (from exports that list them) each stage's files with their sizes. Anything else is refused in one line
@@ -216,9 +239,9 @@ def read_manifest(source: Path) -> dict[str, Any]:
         )
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad(f"is not JSON ({exc})") from None
+        data = _load_json(path)
+    except ValueError as exc:
+        raise bad(f"is {exc}") from None
     if not isinstance(data, dict):
         raise bad(f"is a {type(data).__name__}, not a mapping (experiment, stages, ...)")
     if not isinstance(data.get("experiment"), str):
@@ -243,8 +266,8 @@ def read_manifest(source: Path) -> dict[str, Any]:
 def _exported_record(stage: Stage, src: Path) -> dict[str, Any]:
     path = src / STAGE_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        record = _load_json(path)
+    except ValueError as exc:
         raise ConfigError(f"{path}: damaged stage record ({exc}); nothing was imported") from None
     if not isinstance(record, dict) or not isinstance(record.get("outputs"), dict) or "key" not in record:
         raise ConfigError(f"{path}: not a stage record (no key or outputs); nothing was imported")
@@ -359,15 +382,33 @@ def import_results(stages: Sequence[Stage], root: Path, source: Path, *, name: s
     for stage, files in _plan(stages, root, source, name):
         src, dst = source / stage.name, stage.dir(root)
         tmp = dst.parent / f".{stage.name}.import"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for path in files:  # its record's paths stay <root>: read as this folder
-            target = tmp / path.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _copy_regular(path, target)
-        tmp.mkdir(parents=True, exist_ok=True)
-        _replace(tmp, dst)
+        then = (
+            f"then import again ({', '.join(brought) or 'no stage'} came in whole before it; nothing of "
+            f"{stage.name} was left)"
+        )
+        with _written(tmp, f"--import {source}: writing {stage.name} into {root}", then):
+            for path in files:  # its record's paths stay <root>: read as this folder
+                target = tmp / path.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _copy_regular(path, target)
+            tmp.mkdir(parents=True, exist_ok=True)
+            _replace(tmp, dst)
         brought.append(stage.name)
     return brought
+
+
+@contextmanager
+def _written(tmp: Path, what: str, then: str) -> Iterator[None]:
+    """Write one stage's folder through ``tmp``: a fault of the disk or file system (full, read-only, a file-size
+    limit, permissions) is one line naming the file, what its errno means and the way out
+    (:func:`~zerosim.core.fsutil.named_write_fault`), and ``tmp`` is removed on any failure."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with named_write_fault(tmp.parent, what, then):
+            yield
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 @contextmanager

@@ -32,6 +32,7 @@ STATE_FILE = "zerosim_state.pt"  # our part of a checkpoint, written last: its p
 RUN_FILE = "mlflow_run.json"  # <output_dir>/<name>/mlflow_run.json: the run a resume continues
 _TMP_STATE = ".tmp-state-"  # our state file while it is written (torch.save wants a plain name)
 _DELETING = ".deleting-"  # a checkpoint being deleted is renamed to this first: never half a checkpoint-N
+INCOMPLETE = "incomplete-"  # checkpoints that no save completed, moved aside by a fresh run into their folder
 
 # What a resume may change: where the run folder is, how long the run goes, how often it saves, where and what
 # it logs (the run id, kept in the checkpoint, finds the run), how many threads it computes with. Every other
@@ -390,16 +391,46 @@ def recorded_run(output_dir: Path) -> str | None:
     return json.loads(run_file.read_text())["run_id"] if run_file.is_file() else None
 
 
-def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str | None]:
+def set_aside_incomplete(output_dir: Path) -> list[Path]:
+    """Rename every ``checkpoint-N`` of ``output_dir`` (none complete: saves that died midway) out of the
+    checkpoint names, to ``incomplete-checkpoint-N`` (a numbered suffix where that exists), and say so: a
+    fresh run may start there, and nothing a save wrote is deleted. Returns the new paths."""
+    moved = []
+    for _, path in checkpoints(output_dir):
+        target, n = path.parent / f"{INCOMPLETE}{path.name}", 1
+        while target.exists():
+            target, n = path.parent / f"{INCOMPLETE}{path.name}.{n}", n + 1
+        os.replace(path, target)
+        moved.append(target)
+    if moved:
+        logger.warning(
+            "%s held only incomplete checkpoints (saves that died midway): moved aside to %s; delete them when "
+            "no longer wanted",
+            output_dir,
+            ", ".join(p.name for p in moved),
+        )
+    return moved
+
+
+def resume_point(cfg: TrainConfig, output_dir: Path, main: bool = True) -> tuple[Path | None, str | None]:
     """``(checkpoint, MLflow run id)`` to continue from, or ``(None, None)`` for a fresh run.
 
     Reads files only (no weights), so it runs before any model loads. Refuses a fresh run into a folder
-    holding ``checkpoint-N`` folders (a resume would later mix the two runs), and a resume from a checkpoint
-    of another MLflow run or of a config that differs outside :data:`RESUMABLE_FIELDS`.
+    holding complete ``checkpoint-N`` folders (a resume would later mix the two runs), and a resume from a
+    checkpoint of another MLflow run or of a config that differs outside :data:`RESUMABLE_FIELDS`. A folder
+    whose checkpoints are all incomplete (a save that died midway) takes a fresh run, which moves them aside
+    (``main``: the process that renames; the other ranks of a launch only read), and a resume there is refused
+    saying so — the two never point at each other.
     """
     output_dir = Path(output_dir)
     existing = checkpoints(output_dir)
     if not cfg.run.resume:
+        if existing and not any(
+            complete(p) for _, p in existing
+        ):  # saves that died midway: nothing to resume
+            if main:
+                set_aside_incomplete(output_dir)
+            return None, None
         if existing:
             names = ", ".join(p.name for _, p in existing)
             owner = recorded_run(output_dir)
@@ -414,6 +445,13 @@ def resume_point(cfg: TrainConfig, output_dir: Path) -> tuple[Path | None, str |
     run_id = recorded_run(output_dir)
     if checkpoint is not None:
         _refuse_damaged(output_dir, checkpoint)
+    if checkpoint is None and existing:
+        names = ", ".join(p.name for _, p in existing)
+        raise FileNotFoundError(
+            f"resume=true but {output_dir} holds only incomplete checkpoints ({names}: saves that died midway, "
+            "a full disk or a kill), nothing a resume can continue. Start it without resume=true: a fresh run "
+            f"moves them aside ({INCOMPLETE}checkpoint-N) and starts over."
+        )
     if checkpoint is None or run_id is None:
         raise FileNotFoundError(
             f"resume=true but {output_dir} holds no complete checkpoint-N (with {STATE_FILE}) and {RUN_FILE}; "

@@ -210,7 +210,7 @@ def plan(
     output_dir = Path(cfg.run.output_dir) / cfg.run.name
     check_output_folder(output_dir, "run.output_dir")  # not a file (mkdir would fail after the models load)
     # refuses a fresh run over another run's checkpoints and a resume of another run / config (files only)
-    checkpoint, run_id = resume if resume is not None else resume_point(cfg, output_dir)
+    checkpoint, run_id = resume if resume is not None else resume_point(cfg, output_dir, main=False)
     run = f"{cfg.run.name} -> {output_dir}"
     if checkpoint is not None:
         run += f", resumes {checkpoint.name} of MLflow run {run_id}"

@@ -5,6 +5,7 @@ Read top to bottom: config → data → policy → search engine → curriculum 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import sys
@@ -23,7 +24,7 @@ from zerosim.agent.rollout import SearchRollout, build_prompt
 from zerosim.core.config import ConfigError
 from zerosim.core.data.embedded import load_questions
 from zerosim.core.distributed import broadcast_object, process_state, shared_atomic_directory
-from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder, named_disk_full
+from zerosim.core.fsutil import atomic_directory, atomic_write_text, check_output_folder, named_write_fault
 from zerosim.core.models import load_causal_lm, load_tokenizer
 from zerosim.core.signals import Terminated, graceful, stop_reason, stop_requested
 from zerosim.core.tracking import (
@@ -189,6 +190,9 @@ def warmstart_checkpoint(cfg: TrainConfig, output_dir: Path) -> Path:
 
 
 RESULT_FILE = "result.json"  # <output_dir>/<name>/result.json: written last, by a job that trained to its end
+# <output_dir>/<name>/stopped.json: {step, reason} of a job that stopped cleanly (SIGTERM, STOP) after saving a
+# checkpoint; torchrun and `accelerate launch` exit 1 when their ranks exit 143, so this tells a stop from a failure
+STOPPED_FILE = "stopped.json"
 
 
 LEDGER_FILE = "search_ledger.rank{rank}.json"  # each rank's searches and paid engines' ledgers, at the end
@@ -440,7 +444,7 @@ def _checked_job(cfg: TrainConfig, resources: ExitStack | None = None) -> _Job:
 
         resources.enter_context(folder_lock(output_dir, "zerosim train"))
     # which run this job continues, if any: checked (run id, config) before any weight loads
-    checkpoint_in, run_id = resume_point(cfg, output_dir)
+    checkpoint_in, run_id = resume_point(cfg, output_dir, main=procs.is_main_process)
     from zerosim.training.dry_run import plan
 
     plan(cfg, procs.num_processes, resume=(checkpoint_in, run_id))
@@ -598,18 +602,26 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
 def _fit(job: _Job, trainer: SearchTrainer, state_callback: ZerosimState) -> None:
     """``trainer.train()``, resumed where the job continues one. A full disk is named in one line; a SIGTERM
     finishes the step, saves a checkpoint, then stops (:mod:`zerosim.core.signals`) and raises ``Terminated``."""
-    full = named_disk_full(
+    full = named_write_fault(
         job.output_dir,
         "saving a checkpoint",
-        "free space there (or point run.output_dir at another disk and move the run folder), then run again "
-        "with resume=true: it continues from the last complete checkpoint",
+        "then run again with resume=true (run.output_dir may point at another disk once the run folder is moved "
+        "there): it continues from the last complete checkpoint, or says to start afresh if none is",
     )
     resume = str(job.checkpoint_in) if job.checkpoint_in is not None else None
+    stopped = job.output_dir / STOPPED_FILE
+    if job.main:
+        stopped.unlink(missing_ok=True)  # an earlier attempt's
     with graceful(), full:
         trainer.train(resume_from_checkpoint=resume)
         if stop_requested():
+            step = trainer.state.global_step
+            if (
+                job.main
+            ):  # a launcher reports 1 for ranks that exit 143: this file says the job stopped cleanly
+                atomic_write_text(stopped, json.dumps({"step": step, "reason": stop_reason()}))
             raise Terminated(
-                f"stopped by {stop_reason()} after step {trainer.state.global_step}, checkpoint saved in "
+                f"stopped by {stop_reason()} after step {step}, checkpoint saved in "
                 f"{job.output_dir}: run again with run.resume=true to continue"
             )
 

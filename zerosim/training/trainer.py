@@ -314,6 +314,26 @@ class SearchTrainer(GRPOTrainer):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.accelerator.device.type, dtype=torch.bfloat16)
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """transformers maps the optimizer state to ``args.device`` when there are several ranks; on CPU that
+        device is ``cpu:<rank>``, which torch's loader does not know ("don't know how to restore data location
+        ... cpu:0"), so a launched CPU job could not resume. There the state loads to ``cpu``; everywhere
+        else (GPUs, DeepSpeed, FSDP) transformers loads it as it does."""
+        import os
+
+        from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+
+        several_on_cpu = self.args.world_size > 1 and self.args.device.type == "cpu"
+        if checkpoint is None or not several_on_cpu or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        optimizer, scheduler = (
+            os.path.join(checkpoint, OPTIMIZER_NAME),
+            os.path.join(checkpoint, SCHEDULER_NAME),
+        )
+        if os.path.isfile(optimizer) and os.path.isfile(scheduler):
+            self.optimizer.load_state_dict(torch.load(optimizer, map_location="cpu", weights_only=True))
+            self.lr_scheduler.load_state_dict(torch.load(scheduler, map_location="cpu", weights_only=True))
+
     def _save_checkpoint(self, model, trial):
         started = time.perf_counter()
         try:
