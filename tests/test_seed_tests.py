@@ -159,6 +159,52 @@ def test_report_json_holds_the_seed_level_tests_and_the_bootstrap_settings(tmp_p
     assert "(descriptive)" in md and "| seed-level |" in md
 
 
+def test_holm_by_hand():
+    from zerosim.experiment.stats import holm
+
+    # sorted 0.01, 0.03, 0.04, 0.2 times 4, 3, 2, 1 -> 0.04, 0.09, 0.08 (kept at 0.09: non-decreasing), 0.2
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert holm([0.5, None, 0.4]) == [pytest.approx(0.8), None, pytest.approx(0.8)]  # None: out of the family
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1
+
+
+def test_the_report_corrects_its_comparisons_by_holm_and_names_the_primary_one(tmp_path, mlflow_db):
+    """Several comparisons, each with a seed-level p: beside each its Holm-adjusted p over the family, the
+    family's size and method in report.json and report.md, and the primary comparison marked (report.primary)."""
+    from zerosim.experiment.stats import holm
+
+    arms = {
+        "real": {s: B[i].tolist() * 5 for i, s in enumerate((0, 1, 2))},
+        "sim": {s: A[i].tolist() * 5 for i, s in enumerate((0, 1, 2))},
+        "other": {s: A[(i + 1) % 3].tolist() * 5 for i, s in enumerate((0, 1, 2))},
+    }
+    report, md = _report(tmp_path, mlflow_db, arms, pairs=["sim:other"], primary="sim:real")
+    family = [c for c in report["comparisons"] if c["em"]["seed_level"]["p"] is not None]
+    assert report["multiple_comparisons"] == {
+        "method": "Holm", "metric": "em", "test": "seed-level t", "family": len(family), "primary": "sim:real",
+    }  # fmt: skip
+    assert len(family) >= 2
+    expected = holm([c["em"]["seed_level"]["p"] for c in family])
+    assert [c["em"]["seed_level"]["p_holm"] for c in family] == pytest.approx(expected)
+    assert all(c["em"]["seed_level"]["p_holm"] >= c["em"]["seed_level"]["p"] for c in family)
+    assert [c["primary"] for c in report["comparisons"]] == [
+        (c["arm"], c["reference"]) == ("sim", "real") for c in report["comparisons"]
+    ]
+    assert "| p Holm |" in md and "(primary)" in md and "Primary comparison (set before the runs" in md
+    assert "the primary comparison" in md and f"{len(family)} comparisons have a seed-level p" in md
+
+
+def test_a_primary_comparison_the_report_does_not_make_is_refused(tmp_path):
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment import load_experiment
+
+    from pathlib import Path
+
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
+    with pytest.raises(ConfigError, match=r"report.primary='sim:nosuch' is not one of the report's comparisons"):
+        load_experiment(smoke, [f"output_dir={tmp_path}", "report.primary=sim:nosuch"])
+
+
 def test_with_enough_seeds_or_one_run_each_the_bootstrap_governs(tmp_path, mlflow_db):
     rng = np.random.default_rng(1)
     arms = {

@@ -128,6 +128,10 @@ class ReportConfig:
     seed: int = ranged(0, ">=0")
     # with fewer seeds than this in an arm of several runs, a comparison is read by its seed-level test (t over the runs' means, exact permutation beside it), the bootstrap shown as descriptive: a percentile bootstrap over few seeds under-covers (docs/experiments.md)
     seed_test_below: int = ranged(10, ">=2")
+    # the one comparison the experiment was built to test, "ARM:AGAINST" (AGAINST: the reference or a report.pairs
+    # entry's): marked primary in the report; every other one reads as exploratory. The report applies Holm's
+    # correction over all of its comparisons' seed-level p values either way (docs/experiments.md)
+    primary: str | None = None
 
     def pair_names(self) -> list[tuple[str, ...]]:
         """``pairs`` as ``(ARM, AGAINST)`` tuples (:func:`load_experiment` checks each has two enabled arms)."""
@@ -219,6 +223,14 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
             raise ConfigError(
                 f"report.pairs entry {pair!r} must be ARM:AGAINST, two different enabled arms "
                 f"({', '.join(arms)}), e.g. report.pairs=[sim-curriculum:sim-fixed-matched]"
+            )
+    if cfg.report.primary is not None:
+        compared = {f"{a}:{cfg.report.reference}" for a in arms if a != cfg.report.reference} | set(cfg.report.pairs)
+        if cfg.report.primary not in compared:
+            raise ConfigError(
+                f"report.primary={cfg.report.primary!r} is not one of the report's comparisons: name ARM:AGAINST "
+                f"against report.reference ({cfg.report.reference}) or a report.pairs entry, e.g. "
+                f"report.primary={sorted(compared)[0] if compared else 'ARM:' + cfg.report.reference}"
             )
     for name, arm in arms.items():
         fixed = [o for o in arm.overrides if not o.split("=", 1)[0].strip().startswith("rollout.")]

@@ -22,7 +22,7 @@ from zerosim.core.engine_names import EngineName
 from zerosim.core.fsutil import atomic_write_text
 from zerosim.core.tracking import code_version
 from zerosim.experiment.config import ExperimentConfig, ReportConfig
-from zerosim.experiment.stats import compare, governs, interval_fields, mean_interval, seed_test
+from zerosim.experiment.stats import compare, governs, holm, interval_fields, mean_interval, seed_test
 
 METRICS = tuple(m.value for m in ANSWER_METRICS)  # em, f1, cover_em (the judge is a training reward only)
 
@@ -304,9 +304,21 @@ def write_report(
                     seed_test_below=r.seed_test_below,
                 )  # fmt: skip
                 comparisons.append(entry)
+    family = [c for c in comparisons if (c["em"].get("seed_level") or {}).get("p") is not None]
+    for c, adjusted in zip(family, holm([c["em"]["seed_level"]["p"] for c in family]), strict=True):
+        c["em"]["seed_level"]["p_holm"] = adjusted
+    for c in comparisons:
+        c["primary"] = r.primary == f"{c['arm']}:{c['reference']}"
     report = {
         "rows": rows,
         "comparisons": comparisons,
+        "multiple_comparisons": {
+            "method": "Holm",
+            "metric": "em",
+            "test": "seed-level t",
+            "family": len(family),
+            "primary": r.primary,
+        },
         "confidence": r.confidence,
         "inference": inference(r),
         "arms": arms or {},
@@ -388,6 +400,19 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"Inference: the bootstrap draws {boot['resamples']} resamples (seed {boot['seed']}). Which one "
             f"governs a comparison: {inf['governs']} ({inf['why']}).",
         ]
+    if multiple := report.get("multiple_comparisons"):
+        primary = multiple["primary"]
+        lines += [
+            "",
+            f"Multiple comparisons: {multiple['family']} comparisons have a seed-level p (EM); each is shown "
+            "beside its Holm-adjusted p over all of them (p Holm), which bounds the chance of any false positive "
+            "among them at the nominal level. "
+            + (
+                f"Primary comparison (set before the runs, report.primary): `{primary}`; the others are exploratory."
+                if primary
+                else "No primary comparison was set (report.primary): every comparison is exploratory."
+            ),
+        ]
     for against in dict.fromkeys(c["reference"] for c in report["comparisons"]):
         group = [c for c in report["comparisons"] if c["reference"] == against]
         lines += [
@@ -418,10 +443,12 @@ def report_markdown(report: dict[str, Any]) -> str:
             if c.get("governs") == "seed-level":
                 t = s["seed_level"]
                 diff = (
-                    f"{_pts(s['diff'])} EM points, seed-level t interval {_t_interval(t)}, p {_p(t['p'])}, "
-                    f"exact permutation p {_p(t['permutation_p'])}; bootstrap, descriptive: "
+                    f"{_pts(s['diff'])} EM points, seed-level t interval {_t_interval(t)}, p {_p(t['p'])} "
+                    f"(Holm {_p(t.get('p_holm'))}), exact permutation p {_p(t['permutation_p'])}; bootstrap, descriptive: "
                     f"[{_pts(s['diff_low'])}, {_pts(s['diff_high'])}]"
                 )
+            if c.get("primary"):
+                diff += "; the primary comparison"
             if s["ratio_reliable"]:
                 lines.append(
                     f"- {c['arm']} reaches {_pct(s['ratio'])}% of {c['reference']}'s EM "
@@ -534,8 +561,8 @@ def _seed_level_table(group: list[dict[str, Any]], level: int) -> list[str]:
         "",
         f"Seed-level tests (EM; each run's mean is one observation; {level}% t intervals):",
         "",
-        "| arm | engine | dataset | runs | design | EM difference | t interval | t p | exact permutation p (the floor it can reach) | bootstrap interval | governs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | engine | dataset | runs | design | EM difference | t interval | t p | p Holm | exact permutation p (the floor it can reach) | bootstrap interval | governs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in sorted(rows, key=lambda c: (c["dataset"], c["engine"], c["arm"])):
         em, t = c["em"], c["em"]["seed_level"]
@@ -544,6 +571,7 @@ def _seed_level_table(group: list[dict[str, Any]], level: int) -> list[str]:
         lines.append(
             f"| {c['arm']} | {c['engine']} | {c['dataset']} | {c['seeds']} vs {c['reference_seeds']} | "
             f"{t['design']}: {t['t_test']} | {_pts(em['diff'])} | {_t_interval(t)} | {_p(t['p'])} | "
+            f"{_p(t.get('p_holm'))}{' (primary)' if c.get('primary') else ''} | "
             f"{_p(t['permutation_p'])} (floor {_p(t['permutation_min_p'])}; {t['permutation']}) | "
             f"{boot}{' (descriptive)' if governing == 'seed-level' else ''} | {governing} |"
         )

@@ -312,3 +312,17 @@ def governs(a_runs: int, b_runs: int, *, has_seed_test: bool, seed_test_below: i
     test exists), else ``"bootstrap"`` (the bootstrap then reads as the comparison, the seed-level test beside it)."""
     multi = [n for n in (a_runs, b_runs) if n > 1]
     return "seed-level" if has_seed_test and multi and min(multi) < seed_test_below else "bootstrap"
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of ``pvalues`` (a family of tests; None: a comparison with no p, left out of
+    the family and left None): the i-th smallest of m is multiplied by m − i + 1, kept non-decreasing, capped
+    at 1. It controls the chance of any false positive in the family, as Bonferroni does, and is never less
+    powerful."""
+    family = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    out: list[float | None] = [None] * len(pvalues)
+    running, m = 0.0, len(family)
+    for rank, (p, i) in enumerate(family):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
