@@ -201,7 +201,9 @@ def test_a_primary_comparison_the_report_does_not_make_is_refused(tmp_path):
     from pathlib import Path
 
     smoke = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
-    with pytest.raises(ConfigError, match=r"report.primary='sim:nosuch' is not one of the report's comparisons"):
+    with pytest.raises(
+        ConfigError, match=r"report.primary='sim:nosuch' is not one of the report's comparisons"
+    ):
         load_experiment(smoke, [f"output_dir={tmp_path}", "report.primary=sim:nosuch"])
 
 

@@ -549,3 +549,33 @@ def test_a_write_fault_during_an_export_or_import_is_one_line_and_leaves_no_temp
     assert (
         not (out / "export.json").exists() or way == "import"
     )  # an export without its manifest is no export
+
+
+def test_an_imported_report_brings_its_tables_and_is_reused_and_a_dry_run_plans_it_so(tmp_path):
+    """The report's files travel in its export folder; an import puts them back where the report stage wrote
+    them (the experiment's folder), so the report is reused, not written again — and the dry run's preview
+    plans the same. An edited report.md in an export is refused by its record's digest."""
+    from zerosim.experiment.run import plan_statuses
+    from zerosim.experiment.transfer import import_results, preview
+
+    from zerosim.experiment.stagefiles import written_files
+    from zerosim.experiment.transfer import export_results
+
+    here, out = tmp_path / "here", tmp_path / "export"
+    stages = _experiment(here)
+    _finish(
+        here, stages[2], files=written_files(stages[2], here)
+    )  # the report's digests, as a run records them
+    export_results(stages, here, out, name=NAME)
+    with preview(stages, tmp_path / "there", {s.name: out / s.name for s in stages}) as view:
+        assert plan_statuses(stages, view)["report"] == ("reuse", "")
+    there = tmp_path / "there"
+    import_results(stages, there, out, name=NAME)
+    assert (there / "report.json").read_text() == "report.json" and not (
+        there / "stages" / "report" / "report.md"
+    ).exists()
+    assert plan_statuses(stages, there)["report"] == ("reuse", "")
+
+    (out / "report" / "report.md").write_text("report.mX")  # the same size: caught by its digest
+    with pytest.raises(ConfigError, match=r"report: .*report.md has sha256 .*edited or cut short"):
+        import_results(stages, tmp_path / "third", out, name=NAME)

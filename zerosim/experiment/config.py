@@ -225,7 +225,9 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
                 f"({', '.join(arms)}), e.g. report.pairs=[sim-curriculum:sim-fixed-matched]"
             )
     if cfg.report.primary is not None:
-        compared = {f"{a}:{cfg.report.reference}" for a in arms if a != cfg.report.reference} | set(cfg.report.pairs)
+        compared = {f"{a}:{cfg.report.reference}" for a in arms if a != cfg.report.reference} | set(
+            cfg.report.pairs
+        )
         if cfg.report.primary not in compared:
             raise ConfigError(
                 f"report.primary={cfg.report.primary!r} is not one of the report's comparisons: name ARM:AGAINST "

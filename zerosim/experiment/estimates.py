@@ -197,7 +197,9 @@ def web_plan(stages: Sequence[Stage], launcher: str | None) -> list[str]:
         provider = PROVIDERS[str(w.provider)]
         price = provider.price_per_1k if w.price_per_1k is None else w.price_per_1k
         if queries is None:
-            lines.append(f"  {stage.name}: one query per question or more ({provider.label}); set eval.limit to count")
+            lines.append(
+                f"  {stage.name}: one query per question or more ({provider.label}); set eval.limit to count"
+            )
             continue
         usd = queries * price / 1000
         total_q, total_usd = total_q + queries, total_usd + usd

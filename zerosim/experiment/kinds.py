@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"  # a finished stage's record: key, time, config, outputs
 ATTEMPT_FILE = "attempt.json"  # a running stage's time so far, and the MLflow runs its attempts started
-CODE_DIFF = "code.diff"  # beside a record written by a checkout with uncommitted changes: `git diff HEAD` then
+CODE_DIFF = (
+    "code.diff"  # beside a record written by a checkout with uncommitted changes: `git diff HEAD` then
+)
 
 
 class Kind(StrEnum):

@@ -35,7 +35,9 @@ UNRECORDED = "unrecorded"  # a record from before digests: which instance it rea
 
 
 NOT_BEHAVIOUR = ("training_args.bin", "README.md")  # in a model folder, files that change nothing it does
-_SHA256: dict[tuple, str] = {}  # per file version (path, size, mtime, inode): a model read twice is hashed once
+_SHA256: dict[
+    tuple, str
+] = {}  # per file version (path, size, mtime, inode): a model read twice is hashed once
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:

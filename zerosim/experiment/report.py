@@ -484,9 +484,7 @@ def report_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def search_costs(
-    stages: Sequence[Any], outputs: dict[str, dict[str, Any]], web: Any
-) -> dict[str, Any]:
+def search_costs(stages: Sequence[Any], outputs: dict[str, dict[str, Any]], web: Any) -> dict[str, Any]:
     """Per arm: the searches its training made (all seeds), what it asked the web (training and evaluation:
     requests, cache hits, estimated cost) and what its training's searches would have cost on the web at
     ``web``'s provider and price (``search.web`` of the base recipe) — for a simulator arm, what the simulator
@@ -502,7 +500,8 @@ def search_costs(
         if not ledger or arm is None:
             continue
         row = arms.setdefault(
-            arm, {"arm": arm, "seeds": 0, "searches": 0, "web_requests": 0, "cache_hits": 0, "web_cost_usd": 0.0}
+            arm,
+            {"arm": arm, "seeds": 0, "searches": 0, "web_requests": 0, "cache_hits": 0, "web_cost_usd": 0.0},
         )
         if "searches" in ledger:  # a training stage
             row["seeds"] += 1
@@ -514,7 +513,12 @@ def search_costs(
     for row in arms.values():
         row["searches_at_web_price_usd"] = row["searches"] * price / 1000
     source = f"list price of {PRICE_DATE}" if web.price_per_1k is None else "search.web.price_per_1k"
-    return {"provider": provider.label, "price_per_1k": price, "price_source": source, "arms": list(arms.values())}
+    return {
+        "provider": provider.label,
+        "price_per_1k": price,
+        "price_source": source,
+        "arms": list(arms.values()),
+    }
 
 
 def _cost_markdown(costs: dict[str, Any]) -> list[str]:

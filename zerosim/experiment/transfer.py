@@ -357,7 +357,10 @@ def _plan(
         src = source / stage.name
         record = _exported_record(stage, src)
         _check_model(stage, record, src)
-        problem = files_problem(stage, record, src)
+        # the report's tables and plot, when they came along (exports before they travelled hold none: the
+        # report is then written again), are checked against its record as another stage's results are
+        report_files = stage.kind == Kind.report and any((src / name).is_file() for name in REPORT_FILES)
+        problem = files_problem(stage, record, src, root=src if report_files else None)
         if problem is not None:
             raise ConfigError(
                 f"--import {source}: {stage.name}: {problem}. These are not the results the stage measured; "
@@ -393,6 +396,10 @@ def import_results(stages: Sequence[Stage], root: Path, source: Path, *, name: s
                 _copy_regular(path, target)
             tmp.mkdir(parents=True, exist_ok=True)
             _replace(tmp, dst)
+            if stage.kind == Kind.report:  # its tables and plot live in the experiment's folder
+                for report in REPORT_FILES:
+                    if (dst / report).is_file():
+                        os.replace(dst / report, root / report)
         brought.append(stage.name)
     return brought
 
@@ -424,9 +431,12 @@ def preview(stages: Sequence[Stage], root: Path, sources: Mapping[str, Path]) ->
             src = sources.get(stage.name) or (here if here.is_dir() else None)
             if src is not None:
                 (view / "stages" / stage.name).symlink_to(src.resolve(), target_is_directory=True)
-        for report in REPORT_FILES:
-            if (root / report).is_file():
-                (view / report).symlink_to((root / report).resolve())
+        for stage in stages:  # the report's tables and plot (an imported report's where they came along),
+            src = sources.get(stage.name)  # copied: a record's paths are read as the files they resolve to
+            for report in REPORT_FILES if stage.kind == Kind.report else ():
+                came = src is not None and (src / report).is_file()
+                if came or (root / report).is_file():
+                    _copy_regular((src if came else root) / report, view / report)
         yield view
 
 
