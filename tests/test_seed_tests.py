@@ -195,10 +195,10 @@ def test_the_report_corrects_its_comparisons_by_holm_and_names_the_primary_one(t
 
 
 def test_a_primary_comparison_the_report_does_not_make_is_refused(tmp_path):
+    from pathlib import Path
+
     from zerosim.core.config import ConfigError
     from zerosim.experiment import load_experiment
-
-    from pathlib import Path
 
     smoke = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "sim-vs-real-smoke.yaml"
     with pytest.raises(

@@ -556,10 +556,8 @@ def test_an_imported_report_brings_its_tables_and_is_reused_and_a_dry_run_plans_
     them (the experiment's folder), so the report is reused, not written again — and the dry run's preview
     plans the same. An edited report.md in an export is refused by its record's digest."""
     from zerosim.experiment.run import plan_statuses
-    from zerosim.experiment.transfer import import_results, preview
-
     from zerosim.experiment.stagefiles import written_files
-    from zerosim.experiment.transfer import export_results
+    from zerosim.experiment.transfer import export_results, import_results, preview
 
     here, out = tmp_path / "here", tmp_path / "export"
     stages = _experiment(here)
