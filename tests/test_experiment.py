@@ -490,7 +490,7 @@ def test_the_warm_start_key_names_everything_the_warm_start_reads():
 
     from zerosim.experiment.kinds import WARMSTART_READS, _warmstart
     from zerosim.training.config import PolicyConfig
-    from zerosim.training.warmstart import run_warmstart
+    from zerosim.training.warmstart import _run_warmstart as run_warmstart  # run_warmstart: it, under a lock
 
     assert WARMSTART_READS == (
         "warmstart.", "policy.model", "run.seed", "rollout.protocol", "rollout.tools", "rollout.max_turns",
@@ -1140,20 +1140,37 @@ def test_no_simulator_stages_when_no_arm_trains_against_one(tmp_path):
 
 def test_the_v2_ablation_imports_whole_into_a_fresh_folder(tmp_path, zerosim_cli, monkeypatch):
     """The exported v2 ablation (results/curriculum-ablation-v2-cpu, four sittings on one CPU kind) plans as
-    finished in a folder that has none of it: every stage reused but the report (its files stayed in the
-    folder it was written to), whose reason — a path in brackets — prints as text, under <root>, instead of
-    being read as rich markup and failing the dry run. Planned on a CPU that computes in bf16 by default
-    (AVX512_BF16): the preset pins the fp32 its records ran in (runtime.bf16=false)."""
+    finished in a folder that has none of it: every stage reused, the report too (its tables travel in the
+    export). An export from before they travelled re-runs the report, whose reason — a path in brackets — prints
+    as text, under <root>, instead of being read as rich markup and failing the dry run. Planned on a CPU that
+    computes in bf16 by default (AVX512_BF16): the preset pins the fp32 its records ran in (runtime.bf16=false)."""
+    import shutil
+
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(
         "zerosim.experiment.keys._this_machine", lambda: "AMD EPYC, 2 cores, AVX-512 with bf16 (no AMX)"
     )
-    out = zerosim_cli(
-        "experiment", "--config", "configs/experiments/curriculum-ablation-v2-cpu.yaml",
-        "--import", "results/curriculum-ablation-v2-cpu", "--dry-run", f"output_dir={tmp_path}",
-    ).output  # fmt: skip
-    status = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines()
-              if line.count("│") >= 4 and line.split("│")[1].strip() not in ("", "stage")}  # fmt: skip
+
+    def plan(export):
+        out = zerosim_cli(
+            "experiment", "--config", "configs/experiments/curriculum-ablation-v2-cpu.yaml",
+            "--import", export, "--dry-run", f"output_dir={tmp_path}",
+        ).output  # fmt: skip
+        status = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines()
+                  if line.count("│") >= 4 and line.split("│")[1].strip() not in ("", "stage")}  # fmt: skip
+        return out, status
+
+    out, status = plan("results/curriculum-ablation-v2-cpu")
+    assert len(status) == 47 and set(status.values()) == {"reuse"}, status
+
+    older = tmp_path / "older-export"  # the same export without the report's files, as exports were before
+    shutil.copytree(ROOT / "results" / "curriculum-ablation-v2-cpu", older)
+    manifest = json.loads((older / "export.json").read_text())
+    for name in ("report.json", "report.md", "report.png"):
+        (older / "report" / name).unlink()
+        manifest["files"]["report"].pop(name)
+    (older / "export.json").write_text(json.dumps(manifest))
+    out, status = plan(str(older))
     assert len(status) == 47 and status.pop("report") == "re-run"
     assert set(status.values()) == {"reuse"}
     assert (

@@ -718,7 +718,14 @@ def test_a_real_train_refuses_what_dry_run_refuses_before_weights_load(cli, file
 
 
 def test_dry_run_refuses_a_fresh_run_over_another_runs_checkpoints(cli, files, tmp_path):
-    (tmp_path / "outputs" / "zerosim" / "checkpoint-2").mkdir(parents=True)
+    import torch
+
+    checkpoint = tmp_path / "outputs" / "zerosim" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    torch.save(
+        {"global_step": 2, "files": {}}, checkpoint / "zerosim_state.pt"
+    )  # complete: a resume could use it
     _fails_cleanly(
         cli("train", "--dry-run", f"data.train={files['good.jsonl']}"),
         "checkpoint-2",
