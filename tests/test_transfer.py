@@ -222,7 +222,7 @@ def test_a_dry_run_import_writes_nothing_and_plans_as_if_imported(tmp_path):
     with preview(stages, root, {s.name: out / s.name for s in coming}) as seen:
         state = statuses(stages, seen)
     assert state["warmstart"] == state["eval-real-s0-bm25"] == "reuse"
-    assert state["report"] == "re-run"  # its files do not travel: it is written where the results meet
+    assert state["report"] == "reuse"  # its tables travel in the export and come back with it
     assert not root.exists()
 
 

@@ -435,8 +435,8 @@ def preview(stages: Sequence[Stage], root: Path, sources: Mapping[str, Path]) ->
             src = sources.get(stage.name)  # copied: a record's paths are read as the files they resolve to
             for report in REPORT_FILES if stage.kind == Kind.report else ():
                 came = src is not None and (src / report).is_file()
-                if came or (root / report).is_file():
-                    _copy_regular((src if came else root) / report, view / report)
+                if came or (root / report).is_file():  # an export's: regular files (its walk refuses links)
+                    shutil.copyfile((src if came else root) / report, view / report)
         yield view
 
 
