@@ -35,9 +35,9 @@ UNRECORDED = "unrecorded"  # a record from before digests: which instance it rea
 
 
 NOT_BEHAVIOUR = ("training_args.bin", "README.md")  # in a model folder, files that change nothing it does
-_SHA256: dict[
-    tuple, str
-] = {}  # per file version (path, size, mtime, inode): a model read twice is hashed once
+# sha256 per file version (path, size, mtime, inode), while this process runs: a file read twice (a model
+# checked by the plan and again before its reader, a results file at every re-plan) is hashed once
+_SHA256: dict[tuple, str] = {}
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:

@@ -100,19 +100,7 @@ def written_files(stage: Stage, root: Path) -> dict[str, str]:
     """``{path relative to the stage's folder: sha256}`` of the results files a stage wrote: its record's
     ``files``, taken when it finishes."""
     base, files = _results(stage, root)
-    return {p.relative_to(base).as_posix(): _sha256(p) for p in files}
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime): sha256, while this process runs
-
-
-def _sha256(path: Path) -> str:
-    """A file's sha256, computed once per version of the file (the plan is made again after every stage)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = file_sha256(path)
-    return _DIGESTS[key]
+    return {p.relative_to(base).as_posix(): file_sha256(p) for p in files}
 
 
 def in_stage(path: Any, name: str, folder: Path) -> Path | None:
@@ -164,9 +152,9 @@ def files_problem(
             path = base / name
             if not path.is_file():
                 return f"{path} is missing"
-            if digest is not None and _sha256(path) != digest:
+            if digest is not None and file_sha256(path) != digest:
                 return (
-                    f"{path} has sha256 {_sha256(path)[:8]}…, but the stage wrote {str(digest)[:8]}…: it was "
+                    f"{path} has sha256 {file_sha256(path)[:8]}…, but the stage wrote {str(digest)[:8]}…: it was "
                     "edited or cut short since"
                 )
     counted = _counted(stage, record, folder)
