@@ -1291,6 +1291,33 @@ def test_an_untrained_arm_takes_rollout_settings_only(tmp_path):
         )
 
 
+def test_a_protocol_can_have_its_own_warm_start_budget(tmp_path):
+    """warmstarts.tools reaches every tools warm start (search only, and with read_page) and no tags one: the
+    tags arms keep the v2 ablation's warm start, key for key; a wrong key or a non-warmstart override is refused."""
+    from zerosim.core.config import ConfigError
+    from zerosim.experiment import build_stages, load_experiment
+
+    preset = ROOT / "configs" / "experiments" / "tool-protocol-cpu.yaml"
+    plain = {s.name: s for s in build_stages(*_loaded(preset, tmp_path, []))}
+    by = {s.name: s for s in build_stages(*_loaded(preset, tmp_path, ["warmstarts={tools: [warmstart.max_steps=20]}"]))}  # fmt: skip
+    assert by["warmstart"].key == plain["warmstart"].key and by["warmstart"].config.warmstart.max_steps == 5
+    for name in ("warmstart-tools", "warmstart-tools-search-read_page"):
+        assert by[name].config.warmstart.max_steps == 20 and by[name].key != plain[name].key
+    assert by["train-tools-s0"].key != plain["train-tools-s0"].key  # it starts from another policy
+    assert by["train-real-s0"].key == plain["train-real-s0"].key
+    with pytest.raises(ConfigError, match=r"warmstarts.tool: keys are rollout protocols \(tags, tools\)"):
+        load_experiment(preset, [f"output_dir={tmp_path}", "warmstarts={tool: [warmstart.max_steps=20]}"])
+    with pytest.raises(ConfigError, match=r"warmstarts.tools has \['trainer.max_steps=3'\]"):
+        load_experiment(preset, [f"output_dir={tmp_path}", "warmstarts={tools: [trainer.max_steps=3]}"])
+
+
+def _loaded(preset, tmp_path, overrides):
+    from zerosim.experiment import load_experiment
+
+    cfg = load_experiment(preset, [f"output_dir={tmp_path}", *overrides])
+    return cfg, tmp_path / cfg.name
+
+
 def test_with_the_warm_start_off_every_agent_shape_starts_from_the_base_policy(tmp_path):
     from zerosim.experiment import build_stages, load_experiment
 

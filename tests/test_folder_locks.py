@@ -22,7 +22,10 @@ with folder_lock(sys.argv[1], sys.argv[2]):
 @contextmanager
 def held_by_another_process(folder: Path, job: str):
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(folder), job], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD, str(folder), job],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -32,7 +35,9 @@ def held_by_another_process(folder: Path, job: str):
         proc.wait(timeout=30)
 
 
-def test_a_second_training_into_a_held_run_folder_is_refused_naming_the_holder(tmp_path, zerosim_cli, tiny_model_dir):
+def test_a_second_training_into_a_held_run_folder_is_refused_naming_the_holder(
+    tmp_path, zerosim_cli, tiny_model_dir
+):
     run = tmp_path / "out" / "twice"
     with held_by_another_process(run, "zerosim train") as pid:
         refused = zerosim_cli(
@@ -51,7 +56,10 @@ def test_index_build_and_eval_refuse_a_held_folder_and_release_theirs(tmp_path, 
 
     corpus = ensure_factbook(progress=False).corpus
     out = tmp_path / "index"
-    with held_by_another_process(out, "zerosim index build"), pytest.raises(ConfigError, match="index build, pid"):
+    with (
+        held_by_another_process(out, "zerosim index build"),
+        pytest.raises(ConfigError, match="index build, pid"),
+    ):
         build_index(corpus, "bm25", out, progress=False)
     assert not out.exists()
     build_index(corpus, "bm25", out, progress=False)  # free again: built, and no lock left beside it

@@ -204,7 +204,9 @@ def test_a_tampered_bm25_array_of_the_same_shape_is_refused_at_load(bm25_index, 
     data = np.load(scores)
     np.save(scores, np.random.default_rng(0).permutation(data))
     assert np.load(scores).shape == data.shape
-    with pytest.raises(IndexMismatchError, match=r"bm25s/data.csc.index.npy was changed after the build.*zerosim index build"):
+    with pytest.raises(
+        IndexMismatchError, match=r"bm25s/data.csc.index.npy was changed after the build.*zerosim index build"
+    ):
         load_index(copy)
     assert "bm25s/data.csc.index.npy" in read_manifest(bm25_index)["files"]
     load_index(bm25_index)  # the untouched one loads

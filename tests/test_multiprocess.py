@@ -176,7 +176,9 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, ti
     folder = tmp_path / "out" / "mp"
     assert last_complete_checkpoint(folder) == folder / "checkpoint-2"
     # the launcher exits 1 for ranks that exit 143: the run folder says the job stopped cleanly
-    stopped = json.loads((folder / "stopped.json").read_text())  # the main rank's reason: its own or another's
+    stopped = json.loads(
+        (folder / "stopped.json").read_text()
+    )  # the main rank's reason: its own or another's
     assert stopped["step"] == 2 and stopped["reason"] in ("SIGTERM", "another rank's SIGTERM or STOP file")
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, "run.resume=true"], schema=TrainConfig)
     assert resume_point(cfg, folder)[0] == folder / "checkpoint-2"  # the same run continues from it

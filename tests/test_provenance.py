@@ -149,7 +149,12 @@ def test_a_record_from_before_digests_is_reused_and_its_instance_said_unrecorded
 
     # run from a checkout with uncommitted changes: each record names the diff's digest, the diff beside it
     diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
-    dirty = {"version": "0", "commit": "c" * 40, "dirty": True, "diff_sha256": hashlib.sha256(diff.encode()).hexdigest()}
+    dirty = {
+        "version": "0",
+        "commit": "c" * 40,
+        "dirty": True,
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest(),
+    }
     monkeypatch.setattr(tracking, "code_version", lambda root=None: dirty)
     monkeypatch.setattr(tracking, "code_diff", lambda root=None: diff)
     config, tmp, few = small
@@ -221,7 +226,9 @@ def test_an_export_with_models_travels_with_its_weights_and_is_checked_on_import
     # plan, naming the model and what changed, and in the run before the reader starts
     _edited_same_size(next((first.root / "stages" / "train-real-s0").rglob("generation_config.json")))
     stages = build_stages(load_experiment(config, few), first.root)
-    with pytest.raises(ConfigError, match=r"train-real-s0's model .* not the one its record names .*generation_config"):
+    with pytest.raises(
+        ConfigError, match=r"train-real-s0's model .* not the one its record names .*generation_config"
+    ):
         plan_rows(load_experiment(config, few), stages, first.root)
     shutil.rmtree(first.root / "stages" / "eval-real-s0-bm25")
     with pytest.raises(ConfigError, match=r"train-real-s0's model"):

@@ -342,7 +342,7 @@ def test_a_burst_admits_one_generating_and_max_waiting_not_more():
     for max_waiting in (4, 0):
         queue = GenerationQueue(max_waiting=max_waiting)
 
-        async def burst():
+        async def burst(queue=queue):
             admitted, refused = [], 0
             for _ in range(32):
                 try:

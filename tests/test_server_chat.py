@@ -213,7 +213,9 @@ def test_stop_ends_the_text_before_the_first_stop_string_as_vllm_does(client, en
 
     def ask(**extra):
         if endpoint == "completions":
-            answer = client.completions.create(model="tiny", prompt="Lima is", max_tokens=LIMIT, temperature=0, **extra)
+            answer = client.completions.create(
+                model="tiny", prompt="Lima is", max_tokens=LIMIT, temperature=0, **extra
+            )
             return answer.choices[0].text, answer.choices[0].finish_reason
         answer = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Lima is"}], max_tokens=LIMIT, temperature=0, **extra

@@ -136,7 +136,11 @@ def test_a_slow_provider_is_cut_off_by_the_deadline(keyed, tmp_path):
     with WebStub("tavily", KEY) as stub:
         stub.delay = 2.0
         engine = _engine(
-            "tavily", stub, tmp_path, "search.web.retries=1", "search.web.read_timeout=0.3",
+            "tavily",
+            stub,
+            tmp_path,
+            "search.web.retries=1",
+            "search.web.read_timeout=0.3",
             "search.web.connect_timeout=0.3",
         )
         with pytest.raises(SearchError, match=r"web search \(Tavily\).*read_timeout=0.3s"):
@@ -151,8 +155,14 @@ def test_a_replay_through_the_cache_asks_the_web_nothing_and_the_ledger_prices_i
         first = engine.search(queries, 3)
         assert stub.hits == 3
         assert engine.ledger() | {"cache_hits": 0} == {
-            "provider": "Brave Search", "requests": 3, "cache_hits": 0, "empty": 1, "fallback": 0,
-            "cost_usd": pytest.approx(0.006), "price_per_1k": 2.0, "price_source": "search.web.price_per_1k",
+            "provider": "Brave Search",
+            "requests": 3,
+            "cache_hits": 0,
+            "empty": 1,
+            "fallback": 0,
+            "cost_usd": pytest.approx(0.006),
+            "price_per_1k": 2.0,
+            "price_source": "search.web.price_per_1k",
         }
         engine.close()
         again = _engine("brave", stub, tmp_path)  # a new process's engine over the same cache file
@@ -274,9 +284,19 @@ def test_eval_and_collect_over_web_run_end_to_end_and_the_key_is_written_nowhere
         evaluated = runner.invoke(
             app,
             [
-                "eval", "--policy", str(tiny_model_dir), "--dataset", str(data), "--search", "web",
-                "--method", "rag", *common, f"output_dir={tmp_path}/eval",
-                f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "max_answer_tokens=8",
+                "eval",
+                "--policy",
+                str(tiny_model_dir),
+                "--dataset",
+                str(data),
+                "--search",
+                "web",
+                "--method",
+                "rag",
+                *common,
+                f"output_dir={tmp_path}/eval",
+                f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+                "max_answer_tokens=8",
             ],
         )
         assert evaluated.exit_code == 0, evaluated.output
@@ -284,8 +304,20 @@ def test_eval_and_collect_over_web_run_end_to_end_and_the_key_is_written_nowhere
         collected = runner.invoke(
             app,
             [
-                "simulator", "collect", "--search", "web", "--data", str(data), "--queries", "question",
-                "--label", "contains", "--out", f"{tmp_path}/sft.jsonl", *common, "depth=3",
+                "simulator",
+                "collect",
+                "--search",
+                "web",
+                "--data",
+                str(data),
+                "--queries",
+                "question",
+                "--label",
+                "contains",
+                "--out",
+                f"{tmp_path}/sft.jsonl",
+                *common,
+                "depth=3",
             ],
         )
         assert collected.exit_code == 0, collected.output
@@ -297,7 +329,9 @@ def test_eval_and_collect_over_web_run_end_to_end_and_the_key_is_written_nowhere
     assert _scan(tmp_path, KEY) == []
 
 
-def test_a_dry_run_with_a_web_arm_prints_its_most_queries_and_their_cost(zerosim_cli, keyed, tmp_path, monkeypatch):
+def test_a_dry_run_with_a_web_arm_prints_its_most_queries_and_their_cost(
+    zerosim_cli, keyed, tmp_path, monkeypatch
+):
     monkeypatch.chdir(ROOT)
     out = zerosim_cli(
         "experiment", "--config", "configs/experiments/sim-vs-real-smoke.yaml", "--dry-run",
@@ -340,7 +374,9 @@ def test_the_report_prints_the_ledger_and_what_the_searches_would_have_cost(tmp_
     }
     costs = search_costs(stages, outputs, WebConfig(price_per_1k=2.0))
     by_arm = {r["arm"]: r for r in costs["arms"]}
-    assert by_arm["sim"]["searches"] == 4000 and by_arm["sim"]["searches_at_web_price_usd"] == pytest.approx(8.0)
+    assert by_arm["sim"]["searches"] == 4000 and by_arm["sim"]["searches_at_web_price_usd"] == pytest.approx(
+        8.0
+    )
     assert by_arm["google"]["web_requests"] == 120 and by_arm["google"]["web_cost_usd"] == pytest.approx(0.12)
     md = "\n".join(_cost_markdown(costs))
     assert "| sim | 1 | 4000 | 0 | 0 | $0.00 | $8.00 |" in md and "what the simulator saved" in md

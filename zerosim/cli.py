@@ -315,7 +315,9 @@ def experiment(
             for source in import_ or []:
                 with folder_lock(root):
                     brought = import_results(build_stages(cfg, root), root, source, name=cfg.name)
-                console.print(f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}")
+                console.print(
+                    f"imported {len(brought)} stages from {source}: {', '.join(brought) or 'none new'}"
+                )
         written = export_results(
             build_stages(cfg, root),
             root,

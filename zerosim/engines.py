@@ -107,7 +107,11 @@ def noise_problem(engine: SearchEngine, cfg: SearchConfig) -> str | None:
         return unwrap_rerank(engine).noise_problem()
     if cfg.engine == EngineName.web:
         inner = unwrap_rerank(engine)
-        return None if inner.honours_noise else "search.negatives=none leaves the web results' noisy slots unfilled"
+        return (
+            None
+            if inner.honours_noise
+            else "search.negatives=none leaves the web results' noisy slots unfilled"
+        )
     if getattr(engine, "honours_noise", False):
         return None
     return f"search.negatives={cfg.negatives} leaves the {cfg.engine} retriever's noisy slots unfilled"

@@ -256,7 +256,7 @@ def _bracket_dotted_keys(key: str, config: DictConfig) -> str:
     i = 0
     while i < len(parts):
         try:
-            keys = {str(k) for k in node.keys()} if isinstance(node, DictConfig) else set()
+            keys = {str(k) for k in node} if isinstance(node, DictConfig) else set()
         except OmegaConfBaseException:  # a missing (???) mapping
             keys = set()
         width = next((w for w in range(len(parts) - i, 1, -1) if ".".join(parts[i : i + w]) in keys), 1)

@@ -159,6 +159,9 @@ class ExperimentConfig:
     simulator: SimulatorStageConfig = field(default_factory=SimulatorStageConfig)
     # overrides of the shared warm start (warmstart.* keys)
     warmstart: list[str] = field(default_factory=list)
+    # rollout.protocol -> overrides of that protocol's warm starts after `warmstart` (warmstart.* keys), e.g.
+    # {tools: [warmstart.max_steps=20]}: an agent shape whose demonstrations take longer to learn gets its own budget
+    warmstarts: dict[str, list[str]] = field(default_factory=dict)
     # name -> train overrides (docs/experiments.md)
     arms: dict[str, ArmConfig] = field(default_factory=default_arms)
     eval: ExperimentEvalConfig = field(default_factory=ExperimentEvalConfig)
@@ -204,6 +207,26 @@ def _check_arm_names(arms: dict[str, ArmConfig]) -> None:
             )
 
 
+def _check_warmstarts(warmstarts: dict[str, list[str]]) -> None:
+    """``warmstarts`` is keyed by a protocol and holds ``warmstart.*`` overrides only: what else an agent shape's
+    warm start differs by comes from the arms (their rollout settings), not from here."""
+    from zerosim.agent.rollout import Protocol
+
+    protocols = [p.value for p in Protocol]
+    for protocol, overrides in warmstarts.items():
+        if protocol not in protocols:
+            raise ConfigError(
+                f"warmstarts.{protocol}: keys are rollout protocols ({', '.join(protocols)}), e.g. "
+                "warmstarts.tools=[warmstart.max_steps=20]"
+            )
+        other = [o for o in overrides if not o.split("=", 1)[0].strip().startswith("warmstart.")]
+        if other:
+            raise ConfigError(
+                f"warmstarts.{protocol} has {other}: it overrides that protocol's warm starts only (warmstart.* "
+                "keys); put what every job reads in overrides and what an arm rolls out with in its arm"
+            )
+
+
 def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     from zerosim.core.fsutil import check_output_folder
 
@@ -242,6 +265,7 @@ def load_experiment(path: str | Path | None, overrides: Sequence[str] = ()) -> E
                 f"it rolls out (rollout.*: rollout.protocol and rollout.tools pick the warm start), not {fixed}; "
                 "drop them, or make it a trained arm"
             )
+    _check_warmstarts(cfg.warmstarts)
     if not cfg.seeds:
         raise ConfigError("seeds is empty: give at least one, e.g. seeds=[0]")
     twice = sorted({s for s in cfg.seeds if cfg.seeds.count(s) > 1})

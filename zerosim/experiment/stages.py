@@ -48,7 +48,12 @@ def build_stages(cfg: ExperimentConfig, root: Path) -> list[Stage]:
     stages: list[Stage] = []
     simulator = _simulator(cfg, root, stages)
     base = _base_recipe(cfg)
-    warm = _train_config(cfg, base, [*cfg.warmstart, f"run.output_dir={root / 'stages'}", "run.name=warmstart"], "warmstart")  # fmt: skip
+    named = [f"run.output_dir={root / 'stages'}", "run.name=warmstart"]
+    warm = _train_config(cfg, base, [*cfg.warmstart, *named], "warmstart")
+    protocol = _protocol(warm)
+    if cfg.warmstarts.get(protocol):  # the base recipe's protocol has a warm-start budget of its own
+        extra = [*cfg.warmstart, *cfg.warmstarts[protocol], *named]
+        warm = _train_config(cfg, base, extra, f"warmstarts.{protocol}")
     # the experiment's tracking.log_model: the shared warm start's policy (what rl: false arms evaluate) too
     logged = (
         replace(warm, tracking=replace(warm.tracking, log_model=True)) if cfg.tracking.log_model else warm
@@ -159,6 +164,13 @@ def _simulator(cfg: ExperimentConfig, root: Path, stages: list[Stage]) -> Source
 
 
 # -- 2. the warm starts --------------------------------------------------------------------------------------
+def _protocol(train: TrainConfig) -> str:
+    """The rollout protocol a training config's policy speaks, as ``warmstarts`` keys it."""
+    from zerosim.agent.rollout import Protocol
+
+    return Protocol(train.rollout.protocol).value
+
+
 def agent_shape(train: TrainConfig) -> tuple[tuple[str, str], ...]:
     """What a warm start's demonstrations read of the rollout besides its own settings, as ``(setting, value)``
     overrides: the protocol they are written in and, under ``tools``, the tools offered and what of the rollout
@@ -212,6 +224,7 @@ class WarmStarts:
                 [
                     *self.cfg.warmstart,
                     *(f"{k}={v}" for k, v in shape),
+                    *self.cfg.warmstarts.get(_protocol(train), []),
                     f"run.output_dir={self.root / 'stages'}",
                     f"run.name={name}",
                 ],

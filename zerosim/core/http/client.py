@@ -244,7 +244,9 @@ class HTTPSearchEngine:
 # -- parsing an answer (pure functions) -----------------------------------------------------------------
 
 
-def _parse_result(data: Any, n_queries: int, k: int, *, empty_is_answer: bool = False) -> list[list[Document]]:
+def _parse_result(
+    data: Any, n_queries: int, k: int, *, empty_is_answer: bool = False
+) -> list[list[Document]]:
     """``{"result": [[entry, ...] per query]}`` → documents; a malformed answer raises :class:`Retryable` (an
     empty list for a query too, unless ``empty_is_answer``: a web proxy's "no results").
 
