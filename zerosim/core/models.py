@@ -104,6 +104,10 @@ def _convert_embedded(target: Path) -> None:
         tokenizer.save_pretrained(tmp)
 
 
+# what makes a folder a peft adapter (a LoRA policy's checkpoint or final/)
+ADAPTER_CONFIG = "adapter_config.json"
+
+
 def resolve_model(name_or_path: str) -> str:
     """Turn a model name from config into something ``from_pretrained`` accepts.
 
@@ -115,7 +119,7 @@ def resolve_model(name_or_path: str) -> str:
         return str(prepare_embedded_model())
     path = Path(name_or_path).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not is_adapter(path):
             raise ModelError(
                 f"model path {path} exists but has no config.json; point to a Hugging Face checkpoint "
                 f"directory (save_pretrained output) or use '{EMBEDDED_MODEL}' for the embedded model"
@@ -162,7 +166,33 @@ def sharded_optimizer() -> str | None:
     return None
 
 
-def training_dtype(requested: str = "auto", *, key: str = "policy.dtype") -> torch.dtype:
+def is_adapter(path: str | Path) -> bool:
+    """Whether ``path`` is a peft adapter folder (``adapter_config.json``: a LoRA policy's checkpoint or final)."""
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The model an adapter folder's adapters sit on (its ``base_model_name_or_path``), as a config names one."""
+    import json
+
+    file = Path(path).expanduser() / ADAPTER_CONFIG
+    try:
+        base = json.loads(file.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelError(
+            f"{file} cannot be read as a peft adapter config ({exc}); re-save the adapter"
+        ) from None
+    if not base:
+        raise ModelError(
+            f"{file} names no base_model_name_or_path: the adapter cannot be loaded without the model it was "
+            "trained on; set it to that model's path or Hugging Face id"
+        )
+    return str(base)
+
+
+def training_dtype(
+    requested: str = "auto", *, key: str = "policy.dtype", frozen: bool = False
+) -> torch.dtype:
     """The dtype of a *trained* model's weights — what its optimizer steps — for ``requested`` (``key``).
 
     ``auto`` and ``float32``: fp32 weights and optimizer state; the forward and backward run in bf16 under
@@ -170,17 +200,20 @@ def training_dtype(requested: str = "auto", *, key: str = "policy.dtype") -> tor
     weight (1e-6 in the ZeroSearch recipes) while bf16 resolves ~1e-4 on a weight of 0.02: stepped in bf16,
     most updates round away and the run learns nothing. ``bfloat16``: bf16 weights, only under DeepSpeed or
     FSDP, which step fp32 master copies of their own (:func:`sharded_optimizer`); anywhere else (one GPU,
-    plain DDP, CPU) it is refused."""
+    plain DDP, CPU) it is refused — unless the weights are ``frozen``: a LoRA base (``policy.lora``) whose
+    adapters the optimizer steps in fp32 (peft casts them up; :class:`~zerosim.training.precision.MasterWeightsCheck`
+    checks what it steps)."""
     if requested != "bfloat16":
         return torch.float32
-    if sharded_optimizer() is None:
+    if sharded_optimizer() is None and not frozen:
         from zerosim.core.config import ConfigError
 
         raise ConfigError(
             f"{key}=bfloat16 keeps the trained weights in bf16, and without DeepSpeed or FSDP (which keep fp32 "
             "master copies) the optimizer would step them directly: updates near the learning rate round away. "
             f"Fix: {key}=auto (fp32 weights, bf16 compute where trainer.bf16 says), or launch with a ZeRO/FSDP "
-            "config (configs/accelerate/zero2.yaml)"
+            "config (configs/accelerate/zero2.yaml), or train LoRA adapters over a frozen bf16 base "
+            "(policy.lora.enabled=true)"
         )
     return torch.bfloat16
 
@@ -217,14 +250,28 @@ def format_chat_prompt(tokenizer, text: str) -> str:
 
 
 def load_causal_lm(
-    name_or_path: str, dtype: str = "auto", *, trained: bool = False, key: str = "policy.dtype"
+    name_or_path: str,
+    dtype: str = "auto",
+    *,
+    trained: bool = False,
+    key: str = "policy.dtype",
+    frozen: bool = False,
 ):
     """A causal LM on the default device: in the default dtype for inference, or — ``trained`` — in the
-    dtype its optimizer should step (:func:`training_dtype`; ``key`` names the setting in its refusal)."""
+    dtype its optimizer should step (:func:`training_dtype`; ``key`` names the setting in its refusal; ``frozen``:
+    a LoRA base, which may stay bf16). An adapter folder (:func:`is_adapter`) loads as its base with the
+    adapter merged in: one model, as every generator and trainer here takes it."""
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = training_dtype(dtype, key=key) if trained else default_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
+    torch_dtype = training_dtype(dtype, key=key, frozen=frozen) if trained else default_dtype(dtype)
+    source = resolve_model(name_or_path)
+    if is_adapter(source):
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(resolve_model(adapter_base(source)), dtype=torch_dtype)
+        model = PeftModel.from_pretrained(base, source).merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model

@@ -26,9 +26,9 @@ RecordOf = Callable[[Any], Mapping[str, Any] | None]  # a stage -> its finished 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 NOT_WEIGHTS = ("training_args.bin",)  # pickled run arguments (paths, dates), not weights
 # a stage's model folders: its final policy, the best validated one (zerosim.training.guard.BEST_DIR) and a
-# PPO run's critic, and its trainer checkpoints; they travel only with --with-models, so an arm may not take
+# PPO run's critic, a LoRA run's merged policy (policy.lora.merge_final), and its trainer checkpoints; they travel only with --with-models, so an arm may not take
 # one of these names (its run folder would not travel)
-MODEL_DIRS = ("final", "best", "critic")
+MODEL_DIRS = ("final", "best", "critic", "merged")
 CHECKPOINT_PREFIX = "checkpoint-"
 SHORT = 8  # digest characters shown in the dry run and the report
 UNRECORDED = "unrecorded"  # a record from before digests: which instance it read is unknown
@@ -75,6 +75,20 @@ def weight_files(folder: Path) -> list[Path]:
     return weights or files
 
 
+def _base_files(folder: Path) -> dict[str, str]:
+    """A LoRA adapter folder's base (``policy.lora``): what the adapter computes with is the base too, so its
+    files count as ``base/<name>``; a base named by a Hugging Face id counts as that id (``base``)."""
+    from zerosim.core.models import adapter_base, is_adapter, resolve_model
+
+    if not is_adapter(folder):
+        return {}
+    name = adapter_base(folder)
+    base = Path(resolve_model(name))
+    if not base.is_dir():
+        return {"base": hashlib.sha256(name.encode()).hexdigest()}
+    return {f"base/{p.relative_to(base).as_posix()}": file_sha256(p) for p in model_files(base)}
+
+
 def model_digest(path: str | Path, covers: str = "folder") -> dict[str, Any] | None:
     """``{"sha256": ..., "files": {name: sha256}, "covers": covers}`` of a model folder (or file): each file's
     sha256 and one sha256 over those lines. ``covers``: ``"folder"`` (every file that changes what the model
@@ -86,6 +100,8 @@ def model_digest(path: str | Path, covers: str = "folder") -> dict[str, Any] | N
     elif path.is_dir():
         chosen = model_files(path) if covers == "folder" else weight_files(path)
         files = {p.relative_to(path).as_posix(): file_sha256(p) for p in chosen}
+        if covers == "folder":
+            files.update(_base_files(path))
     else:
         return None
     lines = "".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items()))

@@ -75,11 +75,43 @@ class RunConfig:
 
 
 @dataclass
+class PolicyLoraConfig:
+    # train LoRA adapters (peft) over a frozen base instead of every weight (docs/training.md "LoRA")
+    enabled: bool = False
+    # adapter rank
+    r: int = ranged(16, ">=1")
+    # adapter scaling (the update is alpha/r x B A)
+    alpha: int = ranged(32, ">=1")
+    # 0: a log-prob pass must score the tokens as the rollout that sampled them did (dropout makes them differ)
+    dropout: float = ranged(0.0, "[0,1)")
+    # "all-linear" (every linear layer but the LM head: q/k/v/o_proj and gate/up/down_proj in Llama/Qwen2 blocks) or a comma list of module names
+    target_modules: str = "all-linear"
+    # also write the adapter merged into its base as <run>/merged, a full model for tools that read no adapters
+    merge_final: bool = False
+
+    def peft_config(self):
+        """The ``peft.LoraConfig`` these settings describe."""
+        from peft import LoraConfig
+
+        targets = self.target_modules.strip()
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=targets
+            if targets == "all-linear"
+            else [t.strip() for t in targets.split(",") if t.strip()],
+            task_type="CAUSAL_LM",
+        )
+
+
+@dataclass
 class PolicyConfig:
     # HF id, local checkpoint path, or "smollm2" (embedded)
     model: str = EMBEDDED_MODEL
-    # the trained weights: auto | float32 = fp32 (bf16 compute is trainer.bf16's) | bfloat16 (only under DeepSpeed/FSDP, which keep fp32 masters); in-process engines infer in it (auto: bf16 on GPU)
+    # the trained weights: auto | float32 = fp32 (bf16 compute is trainer.bf16's) | bfloat16 (under DeepSpeed/FSDP, which keep fp32 masters, or as policy.lora's frozen base); in-process engines infer in it (auto: bf16 on GPU)
     dtype: DType = DType.auto
+    lora: PolicyLoraConfig = field(default_factory=PolicyLoraConfig)
 
 
 @dataclass
@@ -284,6 +316,19 @@ class TrainConfig:
                     f"{prefix}validation.data and {prefix}validation.max_examples for its questions), or drop "
                     f"{prefix}{what.split('=')[0]}"
                 )
+        lora = self.policy.lora
+        if lora.enabled and t.generation != Generation.hf:
+            raise ConfigError(
+                f"{prefix}policy.lora.enabled with {prefix}trainer.generation={t.generation.value}: the vLLM modes "
+                "here sync a full policy's weights into vLLM each step, and no adapter sync is wired to them, so "
+                f"vLLM would sample from the untrained base; set {prefix}trainer.generation=hf, or train every "
+                f"weight ({prefix}policy.lora.enabled=false)"
+            )
+        if lora.enabled and not [m for m in lora.target_modules.split(",") if m.strip()]:
+            raise ConfigError(
+                f"{prefix}policy.lora.target_modules is empty: name the layers the adapters wrap, e.g. "
+                f"{prefix}policy.lora.target_modules=all-linear or q_proj,v_proj"
+            )
         from zerosim.engines import check_pages
 
         check_pages(self.search, self.rollout, prefix)

@@ -44,6 +44,26 @@ class GuardEvent:
         return f"step {self.step}: {self.trigger} ({self.detail}) -> {self.action}"
 
 
+def load_saved(model, state: dict[str, torch.Tensor], source: Path) -> None:
+    """``state`` (what ``save_model`` wrote to ``source``) back into ``model``: a full policy's weights, or a
+    LoRA policy's adapters (``policy.lora``: saved under peft's names, without the adapter's name); raises when
+    they do not fit it."""
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        loaded = set_peft_model_state_dict(model, state)
+        missing = [k for k in loaded.missing_keys if "lora_" in k]  # the base is not in an adapter's file
+        unexpected = list(loaded.unexpected_keys)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if "lm_head" in k}  # tied embeddings are saved once
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(
+            f"collapse guard: {source} does not fit the policy (missing {sorted(set(missing) - tied)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+
+
 class CollapseGuard(TrainerCallback):
     """Watches the logged signals of a run and stops it or rolls it back (see the module docstring).
 
@@ -196,14 +216,7 @@ class CollapseGuard(TrainerCallback):
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        tied = {k for k in missing if "lm_head" in k}  # tied embeddings are saved once
-        if set(missing) - tied or unexpected:
-            raise RuntimeError(
-                f"collapse guard: {best} does not fit the policy (missing {sorted(set(missing) - tied)[:3]}, "
-                f"unexpected {sorted(unexpected)[:3]})"
-            )
+        load_saved(trainer.accelerator.unwrap_model(trainer.model), state, best)
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
         optimizer.state.clear()
         for group in optimizer.param_groups:

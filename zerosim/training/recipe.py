@@ -55,6 +55,8 @@ from zerosim.training.trainer import Critic, SearchTrainer
 from zerosim.training.trl_rollout import TRLRollout
 from zerosim.training.vllm_modes import require_vllm  # no CUDA, no vLLM, no server: refused
 
+MERGED_DIR = "merged"  # policy.lora.merge_final: <run>/merged, the final adapter merged into its base
+
 
 @dataclass
 class TrainResult:
@@ -394,7 +396,8 @@ def _train(cfg: TrainConfig, resources: ExitStack) -> TrainResult:
     )
     job.policy_model = _policy_source(job)
     tokenizer = load_tokenizer(job.policy_model)
-    policy = load_causal_lm(job.policy_model, cfg.policy.dtype, trained=True)  # fp32 master weights
+    # fp32 master weights; a LoRA base is frozen and may stay bf16 (its fp32 adapters are what steps)
+    policy = load_causal_lm(job.policy_model, cfg.policy.dtype, trained=True, frozen=cfg.policy.lora.enabled)
     schedule = curriculum_schedule(cfg.curriculum, cfg.trainer.max_steps)
     rollout = _rollout(cfg, tokenizer, engine, examples, schedule)
     with _mlflow_run(job):
@@ -587,7 +590,11 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
         processing_class=tokenizer,
         rollout_func=rollout,
         callbacks=callbacks,
+        # policy.lora: TRL wraps the policy (peft) and scores the reference with the adapters disabled
+        peft_config=cfg.policy.lora.peft_config() if cfg.policy.lora.enabled else None,
     )
+    if cfg.policy.lora.enabled:  # the adapter names its base as this job's config does, not a cache path
+        trainer.model.peft_config["default"].base_model_name_or_path = _named_base(job.policy_model)
     # the callbacks and the rollout exist before the trainer; each that needs it gets it here, before training
     state_callback.bind(trainer)
     rollout.bind(trainer)
@@ -597,6 +604,13 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
     if job.checkpoint_in is not None:
         state_callback.load(job.checkpoint_in)
     return trainer, state_callback
+
+
+def _named_base(model: str) -> str:
+    """How an adapter names the model it sits on: an existing folder by its absolute path, else as given (an
+    HF id, ``smollm2``), which :func:`~zerosim.core.models.resolve_model` resolves where the adapter loads."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
 
 
 def _fit(job: _Job, trainer: SearchTrainer, state_callback: ZerosimState) -> None:
@@ -673,6 +687,8 @@ def _save_final(
             trainer.save_model(str(tmp))  # every rank: ZeRO-3 / FSDP gather the shards; the main one writes
             if main:
                 tokenizer.save_pretrained(str(tmp))
+    if job.cfg.policy.lora.enabled and job.cfg.policy.lora.merge_final and main:
+        _save_merged(checkpoint, job.output_dir / MERGED_DIR, tokenizer)
     if trainer.critic is not None and main:  # the critic copies are identical (averaged gradients)
         with atomic_directory(job.output_dir / "critic") as tmp:
             trainer.save_critic(tmp)
@@ -691,6 +707,16 @@ def _save_final(
             table = "samples/validation.jsonl" if validation is not None and validation.history else None
             log_model(checkpoint, name="policy", validation_table=table)
     return checkpoint
+
+
+def _save_merged(adapter: Path, out: Path, tokenizer) -> None:
+    """``policy.lora.merge_final``: the final adapter merged into its base, saved whole or not at all as a full
+    model (loaded afresh: the trained model keeps its adapters)."""
+    merged = load_causal_lm(str(adapter), "float32")
+    with atomic_directory(out) as tmp:
+        merged.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+    del merged
 
 
 def _guard(cfg: TrainConfig) -> CollapseGuard:
