@@ -218,9 +218,19 @@ def generation_backend(cfg: HarnessConfig) -> Generation:
     loads."""
     import torch
 
+    from zerosim.core.models import is_adapter
+
     choice = Generation(cfg.generation)
+    adapter = is_adapter(cfg.policy)  # a LoRA policy's final/: vLLM here loads full models only
     if choice == Generation.auto:
-        return Generation.vllm if _vllm_installed() and torch.cuda.is_available() else Generation.hf
+        usable = _vllm_installed() and torch.cuda.is_available() and not adapter
+        return Generation.vllm if usable else Generation.hf
+    if choice == Generation.vllm and adapter:
+        raise ConfigError(
+            f"generation=vllm with {cfg.policy}, a LoRA adapter: the in-process vLLM here loads full models; "
+            "evaluate the run's merged policy (<run>/merged, written with policy.lora.merge_final=true, or "
+            "`zerosim policy merge`), or use generation=hf, which merges the adapter as it loads"
+        )
     if choice == Generation.vllm and not _vllm_installed():
         raise ConfigError(
             "generation=vllm needs vLLM, which is not installed here; install it on a CUDA machine "

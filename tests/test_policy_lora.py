@@ -251,3 +251,40 @@ def test_an_adapters_digest_covers_the_base_it_sits_on(lora_run, tiny_model_dir,
     generation = base / "config.json"
     generation.write_text(generation.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
     assert model_digest(adapter)["sha256"] != before["sha256"]  # the base changed under the same adapter
+
+
+def test_eval_takes_the_adapter_as_it_takes_the_merged_model(lora_run, zerosim_cli, mlflow_db, tmp_path):
+    """``zerosim eval --policy <run>/final`` (an adapter) and ``--policy`` the folder `zerosim policy merge`
+    writes give the same greedy transcripts; the in-process vLLM path refuses an adapter naming the merged one."""
+    import mlflow
+
+    run = lora_run["run"]
+    merged = tmp_path / "merged"
+    zerosim_cli("policy", "merge", "--adapter", run / "final", "--out", merged)
+    assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
+    qa, corpus = lora_run["root"] / "qa.jsonl", lora_run["root"] / "corpus.jsonl"
+
+    def transcripts(policy, name: str) -> list[str]:
+        zerosim_cli(
+            "eval", "--policy", policy, "--dataset", qa, "--search", "bm25", "--method", "agent",
+            f"search.bm25.corpus={corpus}", "batch_size=4", "rollout.temperature=0", "rollout.max_new_tokens=8",
+            "rollout.max_turns=1", "num_sample_trajectories=4", f"run_name={name}", f"output_dir={tmp_path / name}",
+            f"tracking.tracking_uri={mlflow_db}",
+        )  # fmt: skip
+        mlflow.set_tracking_uri(mlflow_db)
+        (found,) = mlflow.search_runs(
+            experiment_names=["zerosim-eval"],
+            filter_string=f"tags.mlflow.runName = '{name}'",
+            output_format="list",
+        )
+        text = mlflow.artifacts.load_text(f"runs:/{found.info.run_id}/samples/trajectories.jsonl")
+        return [json.loads(line)["transcript"] for line in text.splitlines()]
+
+    assert transcripts(run / "final", "adapter") == transcripts(merged, "merged")
+    refused = zerosim_cli(
+        "eval", "--policy", run / "final", "--dataset", qa, "--search", "bm25", "--method", "agent",
+        f"search.bm25.corpus={corpus}", "generation=vllm", f"output_dir={tmp_path / 'v'}",
+        f"tracking.tracking_uri={mlflow_db}", code=None,
+    )  # fmt: skip
+    assert refused.exit_code != 0
+    assert "LoRA adapter" in refused.stderr + refused.stdout or "LoRA adapter" in str(refused.exception)

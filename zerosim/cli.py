@@ -422,6 +422,27 @@ def policy_warmstart(
     typer.echo(str(path))
 
 
+@policy_app.command("merge")
+def policy_merge(
+    adapter: Path = typer.Option(
+        ..., "--adapter", help="A LoRA policy's adapter folder (<run>/final, checkpoint-N)."
+    ),
+    out: Path = typer.Option(..., "--out", help="Folder for the merged model (written whole or not at all)."),
+) -> None:
+    """Merge a LoRA policy's adapter into the base it names: a full model for tools that read no adapters (vLLM
+    here, other runtimes); what policy.lora.merge_final writes to <run>/merged."""
+    from zerosim.core.models import ModelError, is_adapter
+
+    if not is_adapter(adapter):
+        raise ModelError(
+            f"--adapter {adapter} holds no adapter_config.json: name a LoRA run's final/ or checkpoint"
+        )
+    from zerosim.training.recipe import save_merged
+
+    save_merged(adapter, out)
+    typer.echo(str(out))
+
+
 @serve_app.command("policy")
 def serve_policy(
     model: str = typer.Option(..., "--model", help="Trained policy: a checkpoint folder, HF id, or smollm2."),

@@ -566,7 +566,9 @@ def _trainer(job: _Job, policy, tokenizer, dataset, rollout, schedule, guard, va
     callbacks.append(guard)
     critic = None
     if spec_of(t.algorithm).needs_critic:
-        critic = Critic.from_pretrained(t.critic_model or job.policy_model, cfg.policy.dtype)
+        # a LoRA policy's bf16 base says nothing of the critic, which trains every weight: fp32 then
+        dtype = "auto" if cfg.policy.lora.enabled else cfg.policy.dtype
+        critic = Critic.from_pretrained(t.critic_model or job.policy_model, dtype)
         if t.gradient_checkpointing:  # the critic's own backward, as the policy's
             critic.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = SearchTrainer(
@@ -688,7 +690,7 @@ def _save_final(
             if main:
                 tokenizer.save_pretrained(str(tmp))
     if job.cfg.policy.lora.enabled and job.cfg.policy.lora.merge_final and main:
-        _save_merged(checkpoint, job.output_dir / MERGED_DIR, tokenizer)
+        save_merged(checkpoint, job.output_dir / MERGED_DIR)
     if trainer.critic is not None and main:  # the critic copies are identical (averaged gradients)
         with atomic_directory(job.output_dir / "critic") as tmp:
             trainer.save_critic(tmp)
@@ -709,14 +711,15 @@ def _save_final(
     return checkpoint
 
 
-def _save_merged(adapter: Path, out: Path, tokenizer) -> None:
-    """``policy.lora.merge_final``: the final adapter merged into its base, saved whole or not at all as a full
-    model (loaded afresh: the trained model keeps its adapters)."""
+def save_merged(adapter: Path, out: Path) -> Path:
+    """An adapter folder merged into its base, saved whole or not at all as a full model with the adapter's
+    tokenizer (``policy.lora.merge_final``, ``zerosim policy merge``); loaded afresh, so a model in training
+    keeps its adapters."""
     merged = load_causal_lm(str(adapter), "float32")
     with atomic_directory(out) as tmp:
         merged.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-    del merged
+        load_tokenizer(str(adapter)).save_pretrained(str(tmp))
+    return out
 
 
 def _guard(cfg: TrainConfig) -> CollapseGuard:
