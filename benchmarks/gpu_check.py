@@ -10,6 +10,8 @@
 3. the recipe's shape (``--recipe``, default configs/zerosearch-qwen2.5-3b.yaml): a step of its micro-batch at
    the longest row it allows, with its reference model and checkpointing, on a random model of its policy's
    shape; the peak allocated GPU memory against the memory plan's prediction for that step, within 15%;
+   the same for a LoRA recipe (``--lora-recipe``, default configs/zerosearch-qwen2.5-7b-lora.yaml): its frozen
+   base at its dtype under its adapters (peft; skipped, said so, where peft is not installed);
 4. precision (docs/scaling.md): one AdamW step at lr 1e-6 — bf16 weights barely move, fp32 weights with bf16
    compute take the all-fp32 step;
 5. one PPO step with its critic: finite loss, the critic's weights move;
@@ -50,7 +52,8 @@ TINY = dict(
 # the recipe-shape check: the recipe it reads by default, what its step allocates (the plan's parts it compares
 # with the peak), why the others are left out, and how far the peak may be from the prediction
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "zerosearch-qwen2.5-3b.yaml"
-COMPARED = ("weights", "gradients", "optimizer", "reference", "activations")
+DEFAULT_LORA_RECIPE = DEFAULT_RECIPE.with_name("zerosearch-qwen2.5-7b-lora.yaml")
+COMPARED = ("weights", "gradients", "optimizer", "adapters", "reference", "activations")
 EXCLUDED = {
     "vLLM": "no vLLM runs here (share 0)",
     "generation": "synthetic rollouts: no KV cache",
@@ -70,11 +73,17 @@ CPU_RECIPE_OVERRIDES = [
 class Check:
     def __init__(self) -> None:
         self.results: list[tuple[str, bool, str]] = []
+        self.skipped: list[tuple[str, str]] = []
         self.figures: dict[str, object] = {}
 
     def record(self, name: str, ok: bool, detail: str) -> None:
         self.results.append((name, ok, detail))
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+
+    def skip(self, name: str, why: str) -> None:
+        """A check this machine cannot run: said so, counted neither passed nor failed."""
+        self.skipped.append((name, why))
+        print(f"SKIP  {name}: {why}", flush=True)
 
 
 def random_model(shape: dict, device: str, dtype=torch.float32, seed: int = 0):
@@ -240,7 +249,9 @@ def check_plan(cfg, folder: Path, dims: dict):
     return plan, sum(size for name, (size, _) in plan.parts.items() if name in COMPARED)
 
 
-def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) -> None:
+def check_recipe(
+    check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path, name: str = "recipe shape"
+) -> None:
     """One GRPO step at the recipe's shape — its micro-batch of rows at the longest row it allows, its
     reference model (``trainer.beta > 0``), its gradient checkpointing, fp32 weights under bf16 autocast —
     on a random model of its policy's width, and the step's peak allocated GPU memory against the memory
@@ -252,7 +263,13 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
     (the plan is linear in depth). A warm-up step first: the measured one holds AdamW's moments, as every
     step of a run after its first does. On CPU (``--cpu``): a tiny model, the recipe's micro-batch and
     reference, one 16-token turn; the prediction is printed, the peak is not measurable there, and the live
-    tensors of the states (weights, AdamW moments, reference) are counted against the plan's instead."""
+    tensors of the states (weights, AdamW moments, reference) are counted against the plan's instead.
+
+    A LoRA recipe (``policy.lora.enabled``): the random base at the recipe's ``policy.dtype`` (bf16 allowed:
+    it is frozen), the trainer given its ``peft_config`` as ``zerosim train`` does (TRL wraps it and scores the
+    reference with the adapters disabled); the plan's adapter parameter count must equal the trainable
+    parameters, and its states are the frozen base, the adapters' fp32 weights and AdamW moments. Where peft
+    is not installed the check is skipped, said so."""
 
     from transformers import TrainerCallback
 
@@ -263,13 +280,27 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
 
     device = "cpu" if cpu else "cuda"
     cfg = load_config(recipe, CPU_RECIPE_OVERRIDES if cpu else [], schema=TrainConfig)
-    t, notes = cfg.trainer, []
+    t, notes, lora = cfg.trainer, [], cfg.policy.lora
     shape = model_shape(cfg.policy.model)
     if shape is None:
         raise ValueError(f"{recipe}: the sizes of policy.model {cfg.policy.model} are unknown here")
-    if cfg.policy.dtype == "bfloat16":  # refused in one process (docs/scaling.md, Precision): fp32 weights
+    if lora.enabled:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            check.skip(
+                name, f"{recipe.name} trains LoRA adapters and peft is not installed here (pip install peft)"
+            )
+            return
+    if cfg.policy.dtype == "bfloat16" and not lora.enabled:  # refused in one process: fp32 weights
         cfg.policy.dtype = "auto"
         notes.append("policy.dtype=bfloat16 needs DeepSpeed/FSDP: one process steps fp32 weights")
+    elif cfg.policy.dtype == "bfloat16" and cpu:  # a frozen bf16 base is allowed, but slow on a CPU
+        cfg.policy.dtype = "auto"
+        notes.append(
+            "CPU: the LoRA base in fp32 (bf16 matmuls crawl on a CPU); on a GPU it is the recipe's bf16"
+        )
+    base_dtype = torch.bfloat16 if cfg.policy.dtype == "bfloat16" else torch.float32
     algorithm = t.algorithm
     if spec_of(algorithm).needs_critic:  # the critic is the ppo step's check; not built here
         algorithm = "grpo"
@@ -277,7 +308,8 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
     if t.beta == 0:
         notes.append("trainer.beta=0: no reference model, as the recipe")
     prompt, completion, row = longest_row(cfg)
-    folder = tmp / "recipe-policy"
+    slug = name.removesuffix(" shape").replace(" ", "-")  # recipe, lora-recipe: each check's own folders
+    folder = tmp / f"{slug}-policy"
     folder.mkdir()
     if cpu:
         dims = dict(TINY, max_position_embeddings=max(4096, row))
@@ -302,22 +334,30 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
                 f"reserve, exceeds the {free / GB:.1f} GB free in one process"
             )
     plan, predicted = check_plan(cfg, folder, dims)
+    adapted = (
+        f", LoRA r={lora.r} ({plan.adapter_params / 1e6:.3g} M params) over a frozen "
+        f"{'bf16' if base_dtype == torch.bfloat16 else 'fp32'} base"
+        if lora.enabled
+        else ""
+    )
     print(
-        f"      recipe shape: {recipe.name}, {dims['num_hidden_layers']} layers x {dims['hidden_size']} wide "
-        f"({plan.shape.params / 1e9:.3g} B params), micro-batch {t.per_device_train_batch_size} x "
+        f"      {name}: {recipe.name}, {dims['num_hidden_layers']} layers x {dims['hidden_size']} wide "
+        f"({plan.shape.params / 1e9:.3g} B params){adapted}, micro-batch {t.per_device_train_batch_size} x "
         f"{row:,} tokens ({prompt} prompt + {completion:,} completion), beta {t.beta:g}, checkpointing "
         f"{str(t.gradient_checkpointing).lower()}; the plan for one process:",
         flush=True,
     )
-    for name, (size, how) in plan.parts.items():
-        why = "" if name in COMPARED else f"  [not compared: {EXCLUDED.get(name, 'not built here')}]"
-        print(f"        {name:<12} {size / GB:8.3f} GB  {how}{why}", flush=True)
+    for part, (size, how) in plan.parts.items():
+        why = "" if part in COMPARED else f"  [not compared: {EXCLUDED.get(part, 'not built here')}]"
+        print(f"        {part:<12} {size / GB:8.3f} GB  {how}{why}", flush=True)
     print(f"        {'predicted':<12} {predicted / GB:8.3f} GB  ({' + '.join(COMPARED)})", flush=True)
     for note in notes:
         print(f"      note: {note}", flush=True)
 
-    model = random_model(dims, device)  # fp32 weights: what the optimizer steps (training_dtype)
-    if t.beta > 0:  # TRL builds the reference from the policy's path, as from a checkpoint
+    # fp32 weights, what the optimizer steps (training_dtype); a LoRA recipe's frozen base at its dtype
+    model = random_model(dims, device, base_dtype)
+    # TRL builds the reference from the policy's path, as from a checkpoint (LoRA: none, the adapters disabled)
+    if t.beta > 0 and not lora.enabled:
         model.save_pretrained(folder)
     model.config._name_or_path = str(folder)
     peak: dict[str, int] = {}
@@ -345,22 +385,27 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
         **algorithm_args(algorithm, t.epsilon_high),
     )  # fmt: skip
     trainer, logs = make_trainer(
-        model, tokenizer, tmp / "recipe", cpu=cpu, steps=2, batch=t.per_device_train_batch_size,
+        model, tokenizer, tmp / slug, cpu=cpu, steps=2, batch=t.per_device_train_batch_size,
         completion=completion, prompt_len=prompt, grpo=grpo, algorithm=algorithm,
         bf16=not cpu and t.bf16 is not False,  # as grpo_args: bf16 autocast on a GPU unless trainer.bf16=false
+        peft_config=lora.peft_config() if lora.enabled else None,  # as zerosim train: TRL wraps the policy
     )  # fmt: skip
     trainer.add_callback(Window())
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
-    # the states' live tensors: what the plan's weights, optimizer and reference parts count
+    # the states' live tensors: what the plan's weights, optimizer and reference parts count (LoRA: the frozen
+    # base, and of the adapters part their fp32 weights and AdamW moments, 12 of its 16 bytes a parameter: the
+    # gradients are freed after each step)
     live = lambda tensors: sum(x.numel() * x.element_size() for x in tensors)  # noqa: E731
-    counted = live(model.parameters()) + live(
+    counted = live(trainer.model.parameters()) + live(
         v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
     )
     if trainer.ref_model is not None:
         counted += live(trainer.ref_model.parameters())
     states = sum(plan.parts[n][0] for n in ("weights", "optimizer", "reference") if n in plan.parts)
+    states += 12 * plan.adapter_params
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     finite = all(torch.isfinite(torch.tensor(e["loss"])).item() for e in logs if "loss" in e)
     figures = {
         "recipe": str(recipe),
@@ -370,6 +415,9 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
         "row_tokens": row,
         "reference": trainer.ref_model is not None,
         "checkpointing": t.gradient_checkpointing,
+        "lora": lora.enabled,
+        "trainable_params": trainable,
+        "adapter_params_planned": plan.adapter_params if lora.enabled else None,
         "plan_gb": {name: round(size / GB, 3) for name, (size, _) in plan.parts.items()},
         "predicted_gb": round(predicted / GB, 3),
         "states_counted_gb": round(counted / GB, 3),
@@ -379,7 +427,12 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
     }
     states_ok = abs(counted - states) <= 0.01 * states
     ok = finite and states_ok and len([e for e in logs if "loss" in e]) == 2
-    line = f"states counted {counted / GB:.3f} GB, planned {states / GB:.3f} GB (weights + optimizer + reference)"
+    if lora.enabled:  # exactly the adapters the plan counts are trained, and no reference copy is built
+        ok = ok and trainable == plan.adapter_params and trainer.ref_model is None
+    parts = "weights + adapters' weights and moments" if lora.enabled else "weights + optimizer + reference"
+    line = f"states counted {counted / GB:.3f} GB, planned {states / GB:.3f} GB ({parts})"
+    if lora.enabled:
+        line += f"; trainable {trainable:,} params, planned adapters {plan.adapter_params:,}"
     if cpu:
         figures["peak"] = "not measurable on CPU (no allocator statistics)"
         line = f"peak: {figures['peak']}; predicted {predicted / GB:.3f} GB; {line}"
@@ -400,8 +453,8 @@ def check_recipe(check: Check, tokenizer, cpu: bool, recipe: Path, tmp: Path) ->
             f"{abs(measured / predicted - 1) <= TOLERANCE}; {line}"
         )
     print(f"      {line}", flush=True)
-    check.figures["recipe"] = figures
-    check.record("recipe shape", ok, json.dumps(figures))
+    check.figures[slug.replace("-", "_")] = figures
+    check.record(name, ok, json.dumps(figures))
     del trainer, model
     gc.collect()
     if not cpu:
@@ -554,13 +607,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recipe", type=Path, default=DEFAULT_RECIPE, help="the recipe the recipe-shape check reads"
     )
+    parser.add_argument(
+        "--lora-recipe",
+        type=Path,
+        default=DEFAULT_LORA_RECIPE,
+        help="the LoRA recipe (policy.lora) the lora-recipe-shape check reads",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     # refused before any check runs: a bad count, or figures that could not be written at the end
     if args.steps < 1:
         parser.error(f"--steps must be >= 1 (GRPO steps to time), got {args.steps}")
-    if not args.recipe.is_file():
-        parser.error(f"--recipe {args.recipe}: no such file; give a training recipe (configs/*.yaml)")
+    for flag, recipe in (("--recipe", args.recipe), ("--lora-recipe", args.lora_recipe)):
+        if not recipe.is_file():
+            parser.error(f"{flag} {recipe}: no such file; give a training recipe (configs/*.yaml)")
     if args.out is not None and (problem := _unwritable(args.out)):
         parser.error(f"--out {args.out}: {problem}; give a file in a writable folder")
     if not args.cpu and not torch.cuda.is_available():
@@ -578,6 +638,12 @@ def main(argv: list[str] | None = None) -> int:
             ("versions", lambda: check_versions(check, args.cpu)),
             ("grpo steps", lambda: check_grpo(check, tokenizer, args.cpu, args.steps, tmp)),
             ("recipe shape", lambda: check_recipe(check, tokenizer, args.cpu, args.recipe, tmp)),
+            (
+                "lora recipe shape",
+                lambda: check_recipe(
+                    check, tokenizer, args.cpu, args.lora_recipe, tmp, name="lora recipe shape"
+                ),
+            ),
             ("precision", lambda: check_precision(check, tokenizer, args.cpu, tmp)),
             ("ppo step", lambda: check_ppo(check, tokenizer, args.cpu, tmp)),
             ("decode loop", lambda: check_decode(check, tokenizer, args.cpu)),
@@ -589,12 +655,14 @@ def main(argv: list[str] | None = None) -> int:
                 check.record(name, False, f"{type(exc).__name__}: {exc}")
     passed = sum(ok for _, ok, _ in check.results)
     total = len(check.results)
-    print(f"== {passed}/{total} checks passed in {time.perf_counter() - started:.0f} s", flush=True)
+    skipped = (
+        f" ({len(check.skipped)} skipped: {', '.join(n for n, _ in check.skipped)})" if check.skipped else ""
+    )
+    print(f"== {passed}/{total} checks passed{skipped} in {time.perf_counter() - started:.0f} s", flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps({"results": check.results, "figures": check.figures}, indent=2, default=str)
-        )
+        figures = {"results": check.results, "skipped": check.skipped, "figures": check.figures}
+        args.out.write_text(json.dumps(figures, indent=2, default=str))
     return 0 if passed == total else 1
 
 

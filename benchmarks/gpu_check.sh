@@ -2,8 +2,9 @@
 # The one-call device check (docs/scaling.md, "The first hour on a GPU"): installs the kit that
 # benchmarks/gpu_kit.sh built (.kit/, offline), then runs benchmarks/gpu_check.py — versions and GPU, GRPO steps on
 # a random model of Qwen2.5-3B's shape, a step at configs/zerosearch-qwen2.5-3b.yaml's shape whose peak memory
-# must be within 15% of the memory plan's, the precision check, a PPO step, zerosim's decode loop against
-# generate — and prints PASS/FAIL with the figures, within 8 minutes.
+# must be within 15% of the memory plan's, the same for the LoRA recipe configs/zerosearch-qwen2.5-7b-lora.yaml,
+# the precision check, a PPO step, zerosim's decode loop against generate — and prints PASS/FAIL with the
+# figures, within 8 minutes.
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          # on one NVIDIA GPU (no network needed)
 #   bash benchmarks/gpu_check.sh --cpu [OUT_DIR]    # the same, end to end on CPU with a tiny model
 set -uo pipefail

@@ -1,6 +1,7 @@
 """The device kit and the one-call check: the kit builds under the device tool's 64 MiB, and
 `benchmarks/gpu_check.sh --cpu` — the GPU script end to end on CPU with a tiny model — passes every check,
-the recipe-shape check printing the memory plan's prediction part by part."""
+the recipe-shape checks (a full fine-tune's and a LoRA recipe's) printing the memory plan's prediction part
+by part."""
 
 import json
 import os
@@ -20,7 +21,7 @@ def test_gpu_check_passes_on_cpu(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "== 6/6 checks passed" in proc.stdout
+    assert "== 7/7 checks passed" in proc.stdout
     figures = json.loads((tmp_path / "gpu_check.json").read_text())["figures"]
     assert figures["precision"]["bf16_weights_moved"] < 0.05 < figures["precision"]["fp32_weights_moved"]
     assert figures["grpo"]["policy_tokens_per_s"] > 0 and figures["decode"]["identical"] == "16/16"
@@ -42,6 +43,14 @@ def test_gpu_check_passes_on_cpu(tmp_path):
         assert re.search(rf"^ +{part} +\d+\.\d{{3}} GB", proc.stdout, re.M), part
     assert re.search(r"^ +runtime .*\[not compared: ", proc.stdout, re.M)
     assert f"predicted {recipe['predicted_gb']:.3f} GB" in proc.stdout
+    # the LoRA recipe: peft's trainable parameters are the plan's adapters, no reference copy, the live states
+    # (frozen base, adapters' weights and AdamW moments) the plan's
+    lora = figures["lora_recipe"]
+    assert lora["lora"] and lora["trainable_params"] == lora["adapter_params_planned"] > 0, lora
+    assert not lora["reference"] and lora["plan_gb"]["reference"] == 0, lora
+    assert lora["states_counted_gb"] == lora["states_planned_gb"] > 0, lora
+    assert "PASS  lora recipe shape:" in proc.stdout
+    assert re.search(r"^ +adapters +\d+\.\d{3} GB +LoRA r=32", proc.stdout, re.M)
 
 
 def _planned_on_cpu(folder: Path) -> float:

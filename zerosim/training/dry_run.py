@@ -116,7 +116,14 @@ def _protocol(cfg) -> list[tuple[str, str]]:
 
 def _precision(cfg: TrainConfig) -> str:
     """What the optimizer steps and what the forward/backward compute in (:func:`training_dtype`)."""
-    if cfg.policy.dtype == "bfloat16":
+    lora = cfg.policy.lora
+    if lora.enabled:
+        base = "bf16" if cfg.policy.dtype == "bfloat16" else "fp32"
+        weights = (
+            f"LoRA adapters (r {lora.r}, alpha {lora.alpha}, {lora.target_modules.strip()}) stepped in fp32 "
+            f"over a frozen {base} base"
+        )
+    elif cfg.policy.dtype == "bfloat16":
         weights = "bf16 weights (only under DeepSpeed/FSDP, which keep fp32 masters; refused elsewhere)"
     else:
         weights = "fp32 weights"
