@@ -163,6 +163,20 @@ def test_the_dry_run_of_a_launched_recipe_says_how_long_a_stop_takes():
     assert "stop" not in dict(dry_run(cfg, 1, gpu_memory=80))  # one process: no launcher to outlast
 
 
+def test_a_lora_jobs_stop_saves_its_adapters_not_the_base():
+    """An adapter checkpoint holds the adapters and their AdamW moments (12 bytes a parameter), not the 15 GB
+    base the stop row sized before."""
+    from zerosim.core.config import load_config
+    from zerosim.training.config import TrainConfig
+    from zerosim.training.memory import launch_from_config, memory_plan
+    from zerosim.training.stopping import stop_plan
+
+    cfg = load_config(REPO / "configs" / "zerosearch-qwen2.5-7b-lora.yaml", [], schema=TrainConfig)
+    memory = memory_plan(cfg, launch_from_config(REPO / "configs" / "accelerate" / "zero2-7.yaml"))
+    assert stop_plan(cfg, memory).save_gb * 1e9 == pytest.approx(12 * memory.adapter_params)
+    assert stop_plan(cfg, memory).save_gb < 1.5
+
+
 def test_sigterm_in_an_experiment_ends_its_runs_and_a_killed_attempts_runs_are_ended_after(tiny_experiment):
     import mlflow
 

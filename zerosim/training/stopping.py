@@ -105,8 +105,11 @@ def stop_plan(cfg, plan) -> StopPlan | None:
     _, completion, _ = longest_row(cfg)
     params = plan.shape.params
     step = 80.0 * per_gpu / 40 * completion / 1000 * params / 3.09e9
-    whole = (2 if cfg.policy.dtype == "bfloat16" or plan.launch.bf16_module else 4) * params
-    save = whole + plan.parts.get("optimizer", (0.0, ""))[0]
+    if cfg.policy.lora.enabled:  # an adapter checkpoint: the adapters (fp32) and their AdamW moments
+        save = 12.0 * plan.adapter_params
+    else:
+        whole = (2 if cfg.policy.dtype == "bfloat16" or plan.launch.bf16_module else 4) * params
+        save = whole + plan.parts.get("optimizer", (0.0, ""))[0]
     save += sum(b for name, (b, _) in plan.parts.items() if name == "critic")
     basis = f"the GPU guess of 80 s per 40 trajectories x 1,000 tokens at 3B, scaled to {per_gpu} x {completion:,}"
     return StopPlan(step, save / GB, basis)
