@@ -128,6 +128,7 @@ def test_cli_each_algorithm_runs_two_steps(
         "time/reward_s",
         "time/update_s",
         "time/step_s",
+        "memory/peak_rss_gb",
         "rollout/step_reward_per_traj",
     ]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2], key

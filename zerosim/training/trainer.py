@@ -147,6 +147,15 @@ class _StepClock(TrainerCallback):
             self.started = None
 
 
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (``getrusage``: kB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak / 1e6
+
+
 class SearchTrainer(GRPOTrainer):
     """``GRPOTrainer`` with ``algorithm`` in grpo | dr_grpo | dapo | rloo | reinforce | reinforce_pp | ppo."""
 
@@ -252,6 +261,7 @@ class SearchTrainer(GRPOTrainer):
             logs.update({f"time/{phase}_s": sec / steps for phase, sec in self._phase_seconds.items()})
             self._phase_seconds.clear()
             self._phase_logged_at = self.state.global_step
+            logs["memory/peak_rss_gb"] = peak_rss_gb()  # this process's high-water mark so far (CPU memory)
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
