@@ -1,6 +1,6 @@
 """Where a training step's time goes (on demand, not CI):
 
-    python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [--compare] [key=value ...]
+    python benchmarks/step.py --config configs/demo-learning.yaml [--steps 3] [--repeats 3] [--compare | --lora] [key=value ...]
 
 Runs ``--steps`` real training steps of a recipe (``zerosim.training.recipe.train``: the same code as ``zerosim
 train``) ``--repeats`` times and prints, per phase, the seconds per optimizer step — the median over repeats
@@ -18,6 +18,9 @@ this prints is what a user sees in the MLflow UI. Checkpoints are off (``trainer
 ``trainer.save_final=false``); a recipe's warm start is trained once into ``--out`` and reused by every repeat.
 With ``--compare``, each repeat runs the recipe twice, the CPU path before (``benchmarks/paths.py``: fp32, one
 prefill per row, transformers' sampler) and now, and the table prints both side by side with their ratio.
+With ``--lora``, each repeat runs it as a full fine-tune and with LoRA adapters (``policy.lora.enabled=true``,
+``--lora-overrides`` for the rest), each run in a process of its own, so that the peak resident memory each
+prints (``memory/peak_rss_gb``) is that run's alone.
 
 Measure on a quiet machine only (``uptime``: load average under 0.5; nothing else running): two torch
 processes on 2 cores slow each other several-fold.
@@ -26,6 +29,7 @@ processes on 2 cores slow each other several-fold.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -34,6 +38,23 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PHASES = ("generate", "search", "reward", "logprob", "update", "critic")  # inside time/step_s
+LORA_OVERRIDES: list[str] = []  # --lora-overrides (set in the process that runs a lora path)
+
+
+def run_alone(*args) -> dict[str, float]:
+    """:func:`run_once` in a fresh process (spawned: its peak resident memory is its own run's)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_child, args)
+
+
+def _child(lora_overrides: list[str], *args) -> dict[str, float]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # paths.py, as in the parent
+    LORA_OVERRIDES[:] = lora_overrides
+    return run_once(*args)
 
 
 def run_once(
@@ -46,6 +67,8 @@ def run_once(
 
     if path == "before":
         overrides = [*overrides, *BEFORE_OVERRIDES]
+    if path == "lora":
+        overrides = [*overrides, "policy.lora.enabled=true", *LORA_OVERRIDES]
 
     from zerosim.training.config import load_train_config
     from zerosim.training.recipe import train
@@ -63,7 +86,7 @@ def run_once(
             *overrides,
         ],
     )
-    with PATHS[path]():
+    with PATHS.get(path, contextlib.nullcontext)():
         result = train(cfg)
     client = mlflow.MlflowClient()
 
@@ -90,6 +113,7 @@ def run_once(
     num_tokens = sorted(per_step("num_tokens").items())  # TRL: cumulative prompt + completion tokens
     deltas = [b - a for (_, a), (_, b) in zip([(0, 0.0), *num_tokens[:-1]], num_tokens, strict=True)]
     figures["update_tokens"] = statistics.fmean(deltas) if deltas else 0.0
+    figures["peak_rss_gb"] = max(per_step("memory/peak_rss_gb").values(), default=0.0)
     print(f"  repeat {repeat} ({path}): " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
     return figures
 
@@ -103,26 +127,41 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs; the median of each figure is printed")
     parser.add_argument("--out", default="outputs/bench-step", help="run folder (the warm start is reused)")
     parser.add_argument("--compare", action="store_true", help="the path before and now, side by side")
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="a full fine-tune and LoRA adapters, side by side, one process per run",
+    )
+    parser.add_argument(
+        "--lora-overrides",
+        nargs="*",
+        default=[],
+        help="the LoRA runs' own settings, e.g. trainer.learning_rate=1e-4",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.algorithm=ppo")
     args = parser.parse_args()
+    if args.compare and args.lora:
+        parser.error("--compare and --lora each set the two sides: pick one")
     load = os.getloadavg()[0]
     print(f"load average {load:.2f}" + ("  (not quiet: figures will be slow)" if load >= 0.5 else ""))
     from zerosim.core.runtime import cpu_kind
 
     print(f"machine: {cpu_kind()}")
-    paths = ("before", "now") if args.compare else ("now",)
+    paths = ("before", "now") if args.compare else ("full", "lora") if args.lora else ("now",)
     runs: dict[str, list[dict[str, float]]] = {path: [] for path in paths}
     for i in range(args.repeats):  # the paths alternate, so a slow spell of the machine slows both
         for path in paths:
-            runs[path].append(run_once(args.config, args.steps, args.overrides, Path(args.out), i + 1, path))
+            job = (args.config, args.steps, args.overrides, Path(args.out), i + 1, path)
+            runs[path].append(run_alone(args.lora_overrides, *job) if args.lora else run_once(*job))
     med = {
         path: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for path, rs in runs.items()
     }
     print(f"\n{args.config} {' '.join(args.overrides)}: {args.steps} steps x {args.repeats} repeats (median)")
+    two = len(paths) == 2
     print(
         f"  {'phase':<12}"
         + "".join(f"{path + ' s/step':>16}{'share':>7}" for path in paths)
-        + (f"{'speed-up':>10}" if args.compare else "")
+        + (f"{'ratio':>10}" if two else "")
     )
     for phase in (*PHASES, "other", "step"):
         cells = ""
@@ -132,9 +171,17 @@ def main() -> None:
             other = max(0.0, m["step"] - sum(m[p] for p in PHASES))
             seconds[path] = other if phase == "other" else m[phase]
             cells += f"{seconds[path]:>16.2f}{seconds[path] / m['step']:>7.0%}"
-        if args.compare:
-            cells += f"{seconds['before'] / seconds['now']:>9.2f}x" if seconds["now"] > 0 else f"{'-':>10}"
+        if two:
+            first, second = seconds[paths[0]], seconds[paths[1]]
+            cells += f"{first / second:>9.2f}x" if second > 0 else f"{'-':>10}"
         print(f"  {phase:<12}{cells}")
+    if args.lora:
+        rss = {path: med[path]["peak_rss_gb"] for path in paths}
+        print(
+            f"  {'peak RSS':<12}"
+            + "".join(f"{rss[p]:>13.2f} GB{'':>7}" for p in paths)
+            + f"{rss['full'] / rss['lora']:>9.2f}x"
+        )
     for path in paths:
         m = med[path]
         print(

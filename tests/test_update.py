@@ -166,21 +166,32 @@ def test_grouping_keeps_rows_in_their_optimizer_step(
 
 # -- the loss's log-prob pass ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "algorithm,beta", [("grpo", 0.0), ("dapo", 0.1), ("reinforce_pp", 0.1), ("ppo", 0.0)]
+    "algorithm,beta",
+    [("grpo", 0.0), ("dapo", 0.1), ("reinforce_pp", 0.1), ("ppo", 0.0), ("grpo-lora", 0.1)],
 )
 def test_loss_pass_scores_only_the_loss_mask(
     tmp_path, tiny_model_dir, tokenizer, monkeypatch, algorithm, beta
 ):
     """The loss's log-prob head projects exactly the positions in the loss mask (not the prompt, padding or
-    environment tokens TRL's head projects off CUDA), with the same loss and gradient as TRL's head."""
+    environment tokens TRL's head projects off CUDA), with the same loss and gradient as TRL's head — a LoRA
+    policy's too (TRL patched the model under peft's wrapper; the adapters' gradient compared)."""
     from trl.kernels import ChunkedLogProbFunction
 
     kwargs = {}
+    if algorithm == "grpo-lora":
+        from zerosim.training.config import PolicyLoraConfig
+
+        algorithm, kwargs["peft_config"] = "grpo", PolicyLoraConfig(enabled=True, r=4).peft_config()
     if algorithm == "ppo":
         from zerosim.training.trainer import Critic
 
         kwargs["critic"] = Critic.from_pretrained(str(tiny_model_dir), "float32")
     trainer = make_trainer(tmp_path, tiny_model_dir, tokenizer, algorithm, beta=beta, **kwargs)
+    if "peft_config" in kwargs:  # B starts at 0: moved, so that the adapters' gradient is not A's zero one
+        with torch.no_grad():
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
     trainer._step, trainer._buffered_inputs = 0, None
     out = trainer._generate_and_score_completions([{"prompt": "q"}] * 4)
     projected = []

@@ -170,8 +170,12 @@ def compact_log_prob_head(model, temperature: float, outputs: tuple[str, ...], s
     from trl.trainer import utils as trl_utils
 
     text = model.config.get_text_config()
-    if hasattr(model, "peft_config") or any(getattr(text, name, None) is not None for name in LOGIT_SCALES):
-        return False  # PEFT: TRL patched the base model; scaled or capped logits: TRL's forward knows them
+    if hasattr(model, "get_base_model") or any(
+        getattr(text, name, None) is not None for name in LOGIT_SCALES
+    ):
+        # a PeftModel: TRL patched the model under it (wrap that, as SearchTrainer does); scaled or capped
+        # logits: TRL's forward knows them
+        return False
     chunk = getattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 32768)
     fused = model.forward  # TRL's fused forward, bound to the model
 

@@ -210,8 +210,9 @@ class SearchTrainer(GRPOTrainer):
         # the loss's pass scores only its loss mask's positions (see compact_log_prob_head)
         self._scored_positions: torch.Tensor | None = None
         me = weakref.ref(self)
+        patched = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
         self.compact_head = not self.args.cast_lm_head_to_fp32 and compact_log_prob_head(
-            self.model,
+            patched,
             self.temperature,
             ("log_probs", "entropy"),
             scored=lambda: getattr(me(), "_scored_positions", None),
