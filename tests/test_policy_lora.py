@@ -288,3 +288,30 @@ def test_eval_takes_the_adapter_as_it_takes_the_merged_model(lora_run, zerosim_c
     )  # fmt: skip
     assert refused.exit_code != 0
     assert "LoRA adapter" in refused.stderr + refused.stdout or "LoRA adapter" in str(refused.exception)
+
+
+def test_an_adapter_moved_with_its_base_finds_it_and_keeps_its_digest(lora_run, tiny_model_dir, tmp_path):
+    """An experiment's folder imported elsewhere keeps its warm start where it was relative to its runs: the
+    adapter's absolute base path, gone, is found at the same place under the adapter's ancestors."""
+    import shutil
+
+    from zerosim.core.models import adapter_base, load_causal_lm
+    from zerosim.experiment.provenance import model_digest
+
+    here = tmp_path / "here" / "stages"
+    shutil.copytree(tiny_model_dir, here / "warmstart" / "final")
+    shutil.copytree(lora_run["run"] / "final", here / "train-s0" / "final")
+    adapter = here / "train-s0" / "final"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(here / "warmstart" / "final")
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    digest = model_digest(adapter)
+    ids = torch.tensor([[1, 57, 300, 1024]])
+    with torch.no_grad():
+        want = load_causal_lm(str(adapter))(input_ids=ids).logits
+    shutil.move(tmp_path / "here", tmp_path / "there")
+    moved = tmp_path / "there" / "stages" / "train-s0" / "final"
+    assert adapter_base(moved) == str(tmp_path / "there" / "stages" / "warmstart" / "final")
+    assert model_digest(moved) == digest
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(str(moved))(input_ids=ids).logits, want)

@@ -187,7 +187,24 @@ def adapter_base(path: str | Path) -> str:
             f"{file} names no base_model_name_or_path: the adapter cannot be loaded without the model it was "
             "trained on; set it to that model's path or Hugging Face id"
         )
-    return str(base)
+    return _moved_base(Path(path).expanduser(), str(base))
+
+
+def _moved_base(adapter: Path, base: str) -> str:
+    """``base`` as it is, or — a local folder that is not there — the same folder moved with the adapter: an
+    experiment's folder copied or imported elsewhere keeps its warm start at the same place relative to its
+    runs, so the longest tail of ``base`` (two parts at least) found under one of the adapter's ancestors
+    (nearest first) is the base. A base found nowhere is returned as named (the loader then says so)."""
+    path = Path(base)
+    if not path.is_absolute() or path.exists():
+        return base
+    parts = path.parts[1:]
+    for ancestor in adapter.resolve().parents:
+        for start in range(len(parts) - 1):
+            candidate = ancestor.joinpath(*parts[start:])
+            if (candidate / "config.json").is_file():
+                return str(candidate)
+    return base
 
 
 def training_dtype(
