@@ -315,3 +315,51 @@ def test_an_adapter_moved_with_its_base_finds_it_and_keeps_its_digest(lora_run, 
     assert model_digest(moved) == digest
     with torch.no_grad():
         torch.testing.assert_close(load_causal_lm(str(moved))(input_ids=ids).logits, want)
+
+
+def test_a_lora_runs_best_and_final_folders_count_as_models(lora_run, tmp_path):
+    """The collapse guard's best/ and an experiment's finished final/ of a LoRA run hold an adapter, no
+    config.json: both count as a model (before, the guard lost its rollback target and final_policy=best, and a
+    LoRA arm's stage was refused as having left no final model)."""
+    import shutil
+
+    from zerosim.experiment.kinds import finished_training
+    from zerosim.training.guard import BEST_DIR, CollapseGuard
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_run["run"] / "final", run / BEST_DIR)
+    guard = CollapseGuard(1, action="rollback")
+    guard.run_dir, guard.best_step = run, 2
+    assert guard.best_dir == run / BEST_DIR
+    shutil.copytree(lora_run["run"] / "final", run / "final")
+    shutil.copy(lora_run["run"] / "result.json", run / "result.json")
+    shutil.copy(lora_run["run"] / "mlflow_run.json", run / "mlflow_run.json")
+    cfg = _config(
+        tmp_path, "smollm2", tmp_path / "qa", tmp_path / "c", f"sqlite:///{lora_run['root'] / 'mlflow.db'}"
+    )
+    assert finished_training(cfg, run, "zerosim train")
+
+
+def test_a_lora_policy_trains_from_a_full_model_and_logs_a_full_one(lora_run, tmp_path):
+    from zerosim.training.dry_run import _check_start
+
+    with pytest.raises(ConfigError, match="is a LoRA adapter; training starts from a full model"):
+        _check_start(load_train_config(None, [f"policy.model={lora_run['run'] / 'final'}"]))
+    with pytest.raises(ConfigError, match="policy.lora.merge_final=true"):
+        load_train_config(None, ["policy.lora.enabled=true", "tracking.log_model=true"])
+    load_train_config(
+        None, ["policy.lora.enabled=true", "tracking.log_model=true", "policy.lora.merge_final=true"]
+    )
+
+
+def test_a_lora_policy_generates_from_itself_not_a_bf16_copy(lora_run, tiny_model_dir):
+    """A bf16 copy of a PeftModel would split neither its adapters nor the forwards TRL patched under peft's
+    wrapper (they call the live model): a LoRA policy in training generates as it is."""
+    from zerosim.core.generation import HFGenerator
+    from zerosim.core.models import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    assert not HFGenerator(lora_run["trainers"][1].model, tokenizer, bf16=True).bf16
+    assert HFGenerator(
+        load_causal_lm(str(tiny_model_dir)), tokenizer, bf16=True
+    ).bf16  # a plain fp32 model does

@@ -100,7 +100,10 @@ class HFGenerator:
         # not where ranks sync decoding steps: a ZeRO-3/FSDP model's weights are shards, gathered per forward
         on_cpu = next(model.parameters()).device.type == "cpu"
         fp32 = next(model.parameters()).dtype == torch.float32
-        self.bf16 = bool(bf16) and on_cpu and fp32 and not collective
+        # nor for a LoRA policy in training (a PeftModel): its adapter layers are not split into the copy, and
+        # the forwards TRL patched under peft's wrapper would run the live model; it generates as it is
+        peft = hasattr(model, "get_base_model")
+        self.bf16 = bool(bf16) and on_cpu and fp32 and not collective and not peft
         self._bf16_copy = None
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)
         self.tokenizer = tokenizer

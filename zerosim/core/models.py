@@ -171,6 +171,11 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
 
 
+def is_model_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a saved model: a full one (``config.json``) or a LoRA adapter (:func:`is_adapter`)."""
+    return (Path(path) / "config.json").is_file() or is_adapter(path)
+
+
 def adapter_base(path: str | Path) -> str:
     """The model an adapter folder's adapters sit on (its ``base_model_name_or_path``), as a config names one."""
     import json
@@ -273,11 +278,12 @@ def load_causal_lm(
     trained: bool = False,
     key: str = "policy.dtype",
     frozen: bool = False,
+    device: str | None = None,
 ):
     """A causal LM on the default device: in the default dtype for inference, or — ``trained`` — in the
     dtype its optimizer should step (:func:`training_dtype`; ``key`` names the setting in its refusal; ``frozen``:
-    a LoRA base, which may stay bf16). An adapter folder (:func:`is_adapter`) loads as its base with the
-    adapter merged in: one model, as every generator and trainer here takes it."""
+    a LoRA base, which may stay bf16; ``device``: where it goes, else the GPU if there is one). An adapter folder
+    (:func:`is_adapter`) loads as its base with the adapter merged in: one model, as every generator takes it."""
     from transformers import AutoModelForCausalLM
 
     torch_dtype = training_dtype(dtype, key=key, frozen=frozen) if trained else default_dtype(dtype)
@@ -289,6 +295,8 @@ def load_causal_lm(
         model = PeftModel.from_pretrained(base, source).merge_and_unload()
     else:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    if device is not None:  # e.g. a merge done beside a training job holding the GPU
+        return model.to(device)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model

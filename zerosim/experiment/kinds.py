@@ -289,8 +289,12 @@ def finished_training(c: TrainConfig, run_dir: Path, command: str) -> dict[str, 
 
     result = read_result(run_dir)
     final = run_dir / "final"
-    if result is None or not (final / "config.json").is_file():
-        absent = RESULT_FILE if result is None else f"final model ({final}/config.json)"
+    from zerosim.core.models import is_model_folder
+
+    if result is None or not is_model_folder(final):  # a full model, or a LoRA policy's adapter
+        absent = (
+            RESULT_FILE if result is None else f"final model ({final}/config.json or adapter_config.json)"
+        )
         raise RuntimeError(
             f"training stage: `{command}` exited 0 but left no {absent} in {run_dir}, so it did not train to "
             "its end; train_launcher must run the command it is given (e.g. `accelerate launch "

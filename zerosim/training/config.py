@@ -324,6 +324,12 @@ class TrainConfig:
                 f"vLLM would sample from the untrained base; set {prefix}trainer.generation=hf, or train every "
                 f"weight ({prefix}policy.lora.enabled=false)"
             )
+        if lora.enabled and self.tracking.log_model and not lora.merge_final:
+            raise ConfigError(
+                f"{prefix}tracking.log_model=true logs the final policy as a full transformers model, and "
+                f"{prefix}policy.lora.enabled saves an adapter: set {prefix}policy.lora.merge_final=true (the adapter "
+                f"merged into its base is what is logged) or {prefix}tracking.log_model=false"
+            )
         if lora.enabled and not [m for m in lora.target_modules.split(",") if m.strip()]:
             raise ConfigError(
                 f"{prefix}policy.lora.target_modules is empty: name the layers the adapters wrap, e.g. "

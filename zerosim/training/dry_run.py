@@ -179,6 +179,23 @@ def _threads(cfg: TrainConfig) -> str:
     )
 
 
+def _check_start(cfg: TrainConfig) -> None:
+    """What training starts from is a full model: a LoRA adapter folder (another run's final/) as
+    ``policy.model`` would load merged, while TRL rebuilds the KL reference and the critic from the folder's
+    name, and a new adapter would name the old one as its base."""
+    from zerosim.core.models import is_adapter
+
+    for key, model in (
+        ("policy.model", cfg.policy.model),
+        ("trainer.critic_model", cfg.trainer.critic_model),
+    ):
+        if model and is_adapter(model):
+            raise ConfigError(
+                f"{key}={model} is a LoRA adapter; training starts from a full model: merge it first "
+                f"(`zerosim policy merge --adapter {model} --out MERGED`) and set {key}=MERGED"
+            )
+
+
 def plan(
     cfg: TrainConfig,
     processes: int | None = None,
@@ -223,6 +240,7 @@ def plan(
         run += f", resumes {checkpoint.name} of MLflow run {run_id}"
     from zerosim.training.algorithms import spec_of
 
+    _check_start(cfg)
     spec = spec_of(t.algorithm)
     epsilon_high = next(e for e in (t.epsilon_high, spec.epsilon_high, t.epsilon) if e is not None)
     dynamic = t.dynamic_sampling if t.dynamic_sampling is not None else spec.dynamic_sampling

@@ -121,7 +121,9 @@ class CollapseGuard(TrainerCallback):
         if self.run_dir is None or self.best_step is None:
             return None
         path = self.run_dir / BEST_DIR
-        return path if (path / "config.json").is_file() else None
+        from zerosim.core.models import is_model_folder
+
+        return path if is_model_folder(path) else None  # a LoRA policy's best/ is its adapter
 
     # -- triggers (the guard's callback runs after validation's: it sees each pass at the weights it scored) --
     def on_train_begin(self, args, state, control, **kwargs):

@@ -707,7 +707,10 @@ def _save_final(
         mlflow.log_param("checkpoint_path", str(checkpoint.resolve()))
         if job.cfg.tracking.log_model:  # the final policy as the run's model; validation's table linked
             table = "samples/validation.jsonl" if validation is not None and validation.history else None
-            log_model(checkpoint, name="policy", validation_table=table)
+            logged = (
+                job.output_dir / MERGED_DIR if job.cfg.policy.lora.enabled else checkpoint
+            )  # a full model
+            log_model(logged, name="policy", validation_table=table)
     return checkpoint
 
 
@@ -715,7 +718,9 @@ def save_merged(adapter: Path, out: Path) -> Path:
     """An adapter folder merged into its base, saved whole or not at all as a full model with the adapter's
     tokenizer (``policy.lora.merge_final``, ``zerosim policy merge``); loaded afresh, so a model in training
     keeps its adapters."""
-    merged = load_causal_lm(str(adapter), "float32")
+    merged = load_causal_lm(
+        str(adapter), "float32", device="cpu"
+    )  # fp32: a bf16 merge would round the adapters away
     with atomic_directory(out) as tmp:
         merged.save_pretrained(str(tmp))
         load_tokenizer(str(adapter)).save_pretrained(str(tmp))
