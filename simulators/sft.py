@@ -157,16 +157,9 @@ def load_preference_dataset(path: str | Path, seed: int = 0):
 
 
 def _lora_config(cfg: SimulatorTrainConfig):
-    from peft import LoraConfig
+    from zerosim.core.models import lora_config
 
-    targets = cfg.lora_target_modules
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
-        task_type="CAUSAL_LM",
-    )
+    return lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
 
 
 def _trainer_args(cfg: SimulatorTrainConfig, out: Path) -> dict[str, Any]:

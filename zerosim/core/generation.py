@@ -102,7 +102,9 @@ class HFGenerator:
         fp32 = next(model.parameters()).dtype == torch.float32
         # nor for a LoRA policy in training (a PeftModel): its adapter layers are not split into the copy, and
         # the forwards TRL patched under peft's wrapper would run the live model; it generates as it is
-        peft = hasattr(model, "get_base_model")
+        from accelerate.utils import is_peft_model
+
+        peft = is_peft_model(model)
         self.bf16 = bool(bf16) and on_cpu and fp32 and not collective and not peft
         self._bf16_copy = None
         self.logprobs = logprobs  # False: skip keeping every step's logits (callers that need only text)

@@ -171,6 +171,22 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
 
 
+def lora_config(r: int, alpha: int, dropout: float, target_modules: str):
+    """A causal LM's ``peft.LoraConfig``: ``target_modules`` is ``all-linear`` or a comma list of module names (the
+    policy's ``policy.lora`` and the simulator's ``lora_*`` settings both say it so)."""
+    from peft import LoraConfig
+
+    targets = target_modules.strip()
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets if targets == "all-linear" else names,
+        task_type="CAUSAL_LM",
+    )
+
+
 def is_model_folder(path: str | Path) -> bool:
     """Whether ``path`` holds a saved model: a full one (``config.json``) or a LoRA adapter (:func:`is_adapter`)."""
     return (Path(path) / "config.json").is_file() or is_adapter(path)

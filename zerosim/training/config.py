@@ -91,18 +91,9 @@ class PolicyLoraConfig:
 
     def peft_config(self):
         """The ``peft.LoraConfig`` these settings describe."""
-        from peft import LoraConfig
+        from zerosim.core.models import lora_config
 
-        targets = self.target_modules.strip()
-        return LoraConfig(
-            r=self.r,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=targets
-            if targets == "all-linear"
-            else [t.strip() for t in targets.split(",") if t.strip()],
-            task_type="CAUSAL_LM",
-        )
+        return lora_config(self.r, self.alpha, self.dropout, self.target_modules)
 
 
 @dataclass

@@ -48,7 +48,9 @@ def load_saved(model, state: dict[str, torch.Tensor], source: Path) -> None:
     """``state`` (what ``save_model`` wrote to ``source``) back into ``model``: a full policy's weights, or a
     LoRA policy's adapters (``policy.lora``: saved under peft's names, without the adapter's name); raises when
     they do not fit it."""
-    if hasattr(model, "peft_config"):
+    from accelerate.utils import is_peft_model
+
+    if is_peft_model(model):
         from peft import set_peft_model_state_dict
 
         loaded = set_peft_model_state_dict(model, state)

@@ -170,9 +170,9 @@ def compact_log_prob_head(model, temperature: float, outputs: tuple[str, ...], s
     from trl.trainer import utils as trl_utils
 
     text = model.config.get_text_config()
-    if hasattr(model, "get_base_model") or any(
-        getattr(text, name, None) is not None for name in LOGIT_SCALES
-    ):
+    from accelerate.utils import is_peft_model
+
+    if is_peft_model(model) or any(getattr(text, name, None) is not None for name in LOGIT_SCALES):
         # a PeftModel: TRL patched the model under it (wrap that, as SearchTrainer does); scaled or capped
         # logits: TRL's forward knows them
         return False

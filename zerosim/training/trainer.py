@@ -38,6 +38,7 @@ import weakref
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -210,7 +211,7 @@ class SearchTrainer(GRPOTrainer):
         # the loss's pass scores only its loss mask's positions (see compact_log_prob_head)
         self._scored_positions: torch.Tensor | None = None
         me = weakref.ref(self)
-        patched = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
+        patched = self.model.get_base_model() if is_peft_model(self.model) else self.model
         self.compact_head = not self.args.cast_lm_head_to_fp32 and compact_log_prob_head(
             patched,
             self.temperature,
