@@ -176,15 +176,20 @@ def lora_config(r: int, alpha: int, dropout: float, target_modules: str):
     policy's ``policy.lora`` and the simulator's ``lora_*`` settings both say it so)."""
     from peft import LoraConfig
 
-    targets = target_modules.strip()
-    names = [t.strip() for t in targets.split(",") if t.strip()]
+    names = lora_targets(target_modules)
     return LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=targets if targets == "all-linear" else names,
+        target_modules="all-linear" if names is None else names,
         task_type="CAUSAL_LM",
     )
+
+
+def lora_targets(target_modules: str) -> list[str] | None:
+    """The module names a LoRA ``target_modules`` setting lists, or None for ``all-linear``."""
+    targets = target_modules.strip()
+    return None if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
 
 
 def is_model_folder(path: str | Path) -> bool:

@@ -17,7 +17,7 @@ from curricula.config import CurriculumConfig
 from zerosim.agent.rewards import RewardConfig
 from zerosim.agent.rollout import RolloutConfig
 from zerosim.core.config import EMBEDDED_DATA, EMBEDDED_MODEL, ConfigError, load_config, ranged
-from zerosim.core.models import DType
+from zerosim.core.models import DType, lora_targets
 from zerosim.core.runtime import RuntimeConfig
 from zerosim.core.tracking import TrackingConfig
 from zerosim.engines import EngineName, SearchConfig
@@ -321,7 +321,7 @@ class TrainConfig:
                 f"{prefix}policy.lora.enabled saves an adapter: set {prefix}policy.lora.merge_final=true (the adapter "
                 f"merged into its base is what is logged) or {prefix}tracking.log_model=false"
             )
-        if lora.enabled and not [m for m in lora.target_modules.split(",") if m.strip()]:
+        if lora.enabled and lora_targets(lora.target_modules) == []:
             raise ConfigError(
                 f"{prefix}policy.lora.target_modules is empty: name the layers the adapters wrap, e.g. "
                 f"{prefix}policy.lora.target_modules=all-linear or q_proj,v_proj"

@@ -406,9 +406,11 @@ def adapter_params(shape: ModelShape, r: int, target_modules: str) -> tuple[int,
     layer has (not counted). A linear layer of (in, out) features gains ``A`` (r x in) and ``B`` (out x r):
     ``r x (in + out)``. ``target_modules``: ``all-linear`` or a comma list of module names, as
     ``policy.lora.target_modules``."""
+    from zerosim.core.models import lora_targets
+
     linears = lora_linears(shape)
-    targets = target_modules.strip()
-    names = list(linears) if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    names = lora_targets(target_modules)
+    names = list(linears) if names is None else names
     known = [n for n in dict.fromkeys(names) if n in linears]
     unknown = [n for n in dict.fromkeys(names) if n not in linears]
     per_layer = sum(r * (linears[n][0] + linears[n][1]) for n in known)
@@ -463,11 +465,6 @@ def rollout_gather(
 ) -> tuple[float, str]:
     """ZeRO-3 with ``trainer.generation=hf``: the whole policy (base and any adapters) gathered in its 16-bit
     module on every rank for the rollout (TRL's ``ds3_gather_for_generation``), beside the shards."""
-    if not DS3_GATHER_FOR_GENERATION:
-        return (
-            0.0,
-            "none: grpo_args sets ds3_gather_for_generation=False (gathered layer by layer: in weights)",
-        )
     w = 2 if launch.bf16_module or bf16_weights else 4
     return (
         w * (shape.params + adapters),
