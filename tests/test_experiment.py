@@ -156,6 +156,64 @@ def test_report_pairs_compare_two_arms_besides_the_reference(tmp_path, mlflow_db
     assert md.count("Sentences:") == 2
 
 
+def test_the_report_shows_each_training_runs_invalid_actions(tmp_path, mlflow_db):
+    """Beside a trained run's scores: its trajectories with an invalid action at its first and last step and
+    over training, and under the tools protocol the invalid share of all its tool calls (each step's share
+    weighted by its calls), read from the MLflow store or, for a stage imported from another machine, from its
+    exported metrics.csv; a step logged twice (a resumed run) counts its last value."""
+    import mlflow
+
+    from zerosim.experiment.report import _runs_markdown
+    from zerosim.experiment.runlogs import TRAINING_SIGNALS, export_logs, stage_metrics, training_signals
+
+    client = mlflow.MlflowClient(mlflow_db)
+    run_id = client.create_run(client.create_experiment("training-signals")).info.run_id
+    for step, (actions, share, calls) in enumerate([(0.5, 0.5, 1.0), (0.25, 0.0, 2.0), (0.0, 0.0, 1.0)], 1):
+        for key, value in zip(TRAINING_SIGNALS, (actions, share, calls), strict=True):
+            client.log_metric(run_id, key, value, timestamp=1000 * step, step=step)
+    client.log_metric(run_id, "rollout/invalid_action_rate", 0.125, timestamp=5000, step=3)  # step 3 again
+    client.log_metric(run_id, "loss", 7.0, timestamp=1000, step=1)  # not read
+    want = {
+        "steps": 3,
+        "invalid_actions_first": 0.5,
+        "invalid_actions_last": 0.125,
+        "invalid_actions_mean": pytest.approx((0.5 + 0.25 + 0.125) / 3),
+        "invalid_call_share": pytest.approx(0.5 / 4),  # 8 bad of the first step's 16 calls, of 64
+    }
+    live = tmp_path / "live"
+    live.mkdir()
+    history = stage_metrics(live, {"outputs": {"run_id": run_id}}, mlflow_db, TRAINING_SIGNALS)
+    assert set(history) == set(TRAINING_SIGNALS)
+    assert training_signals(history) == want
+    imported = tmp_path / "imported"  # its run lives in another machine's store: the export's csv is read
+    assert export_logs([run_id], mlflow_db, imported / "mlflow") == 1
+    elsewhere = {"outputs": {"run_id": "f" * 32}}
+    assert training_signals(stage_metrics(imported, elsewhere, mlflow_db, TRAINING_SIGNALS)) == want
+    tags = {"rollout/invalid_action_rate": {1: 0.5, 2: 0.0}}  # no tool metrics under the tags protocol
+    assert training_signals(tags)["invalid_call_share"] is None and training_signals({}) is None
+
+    signals = training_signals(history)
+    rows = [
+        {
+            "arm": "tools",
+            "engine": "bm25",
+            "dataset": "d",
+            "runs": [{"seed": 0, "em": 0.4, "training": signals}],
+        },
+        {
+            "arm": "none",
+            "engine": "bm25",
+            "dataset": "d",
+            "runs": [{"seed": None, "em": 0.1, "training": None}],
+        },
+    ]
+    lines = _runs_markdown(rows)
+    assert "invalid tool calls" in lines[3] and lines[4].count("---") == 9
+    assert lines[5].endswith("| 50.0% → 12.5% (29.2%) | 12.5% |") and lines[6].endswith("| - | - |")
+    untrained = _runs_markdown(rows[1:])  # no run trained: the table as it was
+    assert "invalid" not in untrained[3] and untrained[4].count("---") == 7
+
+
 def test_smoke_experiment_end_to_end(tiny_experiment, zerosim_cli, monkeypatch):
     import mlflow
 

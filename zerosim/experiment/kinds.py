@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -354,7 +354,23 @@ def _report(stage: Stage, ctx: RunContext) -> dict[str, Any]:
         ctx.root,
         arms=describe_arms(ctx.cfg, ctx.stages),
         costs=costs,
+        training=training_signals_of(ctx.cfg, ctx.stages, records, ctx.root),
     )
+
+
+def training_signals_of(
+    cfg: ExperimentConfig, stages: Sequence[Stage], records: Mapping[str, Any], root: Path
+) -> dict[tuple[str, Any], dict[str, Any] | None]:
+    """(arm, seed) -> what each finished training stage's run logged of its invalid actions, for the report."""
+    from zerosim.experiment.runlogs import TRAINING_SIGNALS, stage_metrics, training_signals
+
+    return {
+        (s.meta["arm"], s.meta["seed"]): training_signals(
+            stage_metrics(s.dir(root), records[s.name], cfg.tracking.tracking_uri, TRAINING_SIGNALS)
+        )
+        for s in stages
+        if s.kind == Kind.train and s.name in records
+    }
 
 
 def describe_arms(cfg: ExperimentConfig, stages: Sequence[Stage]) -> dict[str, str]:

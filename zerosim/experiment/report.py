@@ -175,23 +175,37 @@ def _runs(evals: Sequence[EvalScores]) -> dict[tuple[str, str, str, Any], dict[s
 
 def _runs_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Per-seed numbers beside the means: each run's EM and the share of its questions given its most common
-    answer."""
+    answer; and, where the run trained, how often its actions were invalid over training (the trajectories
+    with an invalid action at its first and last step, and under the tools protocol the invalid share of all
+    its tool calls)."""
+    trained = any(run.get("training") for row in rows for run in row.get("runs", []))
+    extra = " training: trajectories with an invalid action, first → last step (mean) | training: invalid tool calls |"
     lines = [
         "",
         "### Each run (per seed)",
         "",
-        "| arm | engine | dataset | seed | EM | most common answer | its share |",
+        "| arm | engine | dataset | seed | EM | most common answer | its share |"
+        + (extra if trained else ""),
     ]
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|" + ("---|---|" if trained else ""))
     for row in rows:
         for run in row.get("runs", []):
             share = run.get("top_answer_share")
             top = "" if share is None else f"{run['top_answer'] or '(none)'}"
             shown = "" if share is None else f"{100 * share:.1f}%"
             seed = "-" if run["seed"] is None else run["seed"]
-            lines.append(
-                f"| {row['arm']} | {row['engine']} | {row['dataset']} | {seed} | {100 * run['em']:.1f} | {top} | {shown} |"
-            )
+            line = f"| {row['arm']} | {row['engine']} | {row['dataset']} | {seed} | {100 * run['em']:.1f} | {top} | {shown} |"
+            if trained:
+                t = run.get("training")
+                actions = (
+                    f"{_share(t['invalid_actions_first'])} → {_share(t['invalid_actions_last'])} "
+                    f"({_share(t['invalid_actions_mean'])})"
+                    if t
+                    else "-"
+                )
+                calls = "-" if not t or t["invalid_call_share"] is None else _share(t["invalid_call_share"])
+                line += f" {actions} | {calls} |"
+            lines.append(line)
     return lines
 
 
@@ -239,9 +253,11 @@ def write_report(
     arms: dict[str, str] | None = None,
     interim: dict[str, Any] | None = None,
     costs: dict[str, Any] | None = None,
+    training: dict[tuple[str, Any], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run. ``arms``: what
-    each arm changes against the base recipe, in words. ``interim`` (the evaluations finished and those still
+    each arm changes against the base recipe, in words. ``training``: (arm, seed) -> that training run's
+    invalid actions (:func:`zerosim.experiment.runlogs.training_signals`), shown beside its scores. ``interim`` (the evaluations finished and those still
     to come, by name): a report of an experiment part-way, written to ``root`` only — no MLflow run."""
     import mlflow
 
@@ -263,7 +279,9 @@ def write_report(
             for k in METRICS:
                 row.update(interval_fields(k, mean_interval(_matrix(by_seed, questions, k), **opts)))
             row["runs"] = [
-                runs[arm, engine, dataset, seed] for seed in by_seed if (arm, engine, dataset, seed) in runs
+                {**runs[arm, engine, dataset, seed], "training": (training or {}).get((arm, seed))}
+                for seed in by_seed
+                if (arm, engine, dataset, seed) in runs
             ]
             rows.append(row)
     pairs = [(arm, r.reference) for arm, _ in per if arm != r.reference]
@@ -349,6 +367,10 @@ def write_report(
 
 def _pct(x: float | None) -> str:
     return "–" if x is None or x != x else f"{100 * x:.1f}"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%"
 
 
 def _pts(x: float) -> str:

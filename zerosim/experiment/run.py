@@ -602,7 +602,7 @@ def interim_report(cfg: ExperimentConfig) -> tuple[Path, dict[str, Any]]:
     process runs the experiment, or after an ``--import`` of another machine's results. Returns the folder and
     the report."""
     from zerosim.core.config import ConfigError
-    from zerosim.experiment.kinds import describe_arms
+    from zerosim.experiment.kinds import describe_arms, training_signals_of
     from zerosim.experiment.report import EvalScores, write_report
 
     root = Path(cfg.output_dir) / cfg.name
@@ -622,5 +622,14 @@ def interim_report(cfg: ExperimentConfig) -> tuple[Path, dict[str, Any]]:
     out = root / INTERIM_DIR
     out.mkdir(parents=True, exist_ok=True)
     interim = {"finished": [s.name for s in done], "to_come": [s.name for s in evals if s not in done]}
-    write_report(cfg, scores, records, done[0].config, out, arms=describe_arms(cfg, stages), interim=interim)
+    write_report(
+        cfg,
+        scores,
+        records,
+        done[0].config,
+        out,
+        arms=describe_arms(cfg, stages),
+        interim=interim,
+        training=training_signals_of(cfg, stages, records, root),
+    )
     return out, json.loads((out / "report.json").read_text())

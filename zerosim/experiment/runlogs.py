@@ -80,3 +80,67 @@ def export_logs(run_ids: list[str], tracking_uri: str | None, dst: Path) -> int:
             out.writerows(rows)
         written += 1
     return written
+
+
+# what the report reads of each training run, beside its held-out scores: how often its actions were invalid
+INVALID_ACTIONS = "rollout/invalid_action_rate"  # trajectories with an invalid action (either protocol)
+INVALID_CALLS = "tools/invalid_call_share"  # a step's invalid share of its tool calls (protocol tools)
+CALLS = "tools/calls_per_traj"
+TRAINING_SIGNALS = (INVALID_ACTIONS, INVALID_CALLS, CALLS)
+
+
+def stage_metrics(
+    folder: Path, record: Mapping[str, Any] | None, tracking_uri: str | None, names: tuple[str, ...]
+) -> dict[str, dict[int, float]]:
+    """metric -> {step: value} of a stage's runs, for ``names``: from the MLflow store where it holds them,
+    else from the stage's exported ``mlflow/metrics.csv`` (a stage imported from another machine). A step
+    logged twice (a resumed or rolled-back run) keeps its last value: the history the stage's result went
+    through."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    logged: list[tuple[str, int, int, float]] = []  # metric, step, timestamp, value
+    client = mlflow.MlflowClient(tracking_uri)
+    for run_id in stage_runs(folder, record):
+        for name in names:
+            try:
+                history = client.get_metric_history(run_id, name)
+            except (MlflowException, OSError):
+                break  # a run this store does not hold
+            logged += [(name, m.step, m.timestamp, m.value) for m in history]
+    if not logged and (folder / "mlflow" / METRICS).is_file():
+        with (folder / "mlflow" / METRICS).open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row["metric"] in names:
+                    logged.append(
+                        (row["metric"], int(row["step"]), int(row["timestamp"]), float(row["value"]))
+                    )
+    out: dict[str, dict[int, float]] = {}
+    for name, step, _, value in sorted(logged, key=lambda m: (m[1], m[2])):
+        out.setdefault(name, {})[step] = value
+    return out
+
+
+def training_signals(history: Mapping[str, Mapping[int, float]]) -> dict[str, Any] | None:
+    """A training run's invalid actions, from its per-step metrics (:func:`stage_metrics`): the share of
+    trajectories with an invalid action at its first and last step and over all steps, and, under the tools
+    protocol, the share of all its tool calls that were invalid (each step's share weighted by its calls).
+    None when the run logged neither."""
+    actions = history.get(INVALID_ACTIONS) or {}
+    if not actions:
+        return None
+    steps = sorted(actions)
+    out: dict[str, Any] = {
+        "steps": len(steps),
+        "invalid_actions_first": actions[steps[0]],
+        "invalid_actions_last": actions[steps[-1]],
+        "invalid_actions_mean": sum(actions.values()) / len(steps),
+        "invalid_call_share": None,
+    }
+    shares, calls = history.get(INVALID_CALLS) or {}, history.get(CALLS) or {}
+    if shares and calls:
+        total = sum(calls.get(step, 0.0) for step in shares)
+        out["invalid_call_share"] = (
+            sum(share * calls.get(step, 0.0) for step, share in shares.items()) / total if total else 0.0
+        )
+    return out
