@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from filelock import FileLock, Timeout
 
 logger = logging.getLogger(__name__)
 
 _ATTEMPTS = 100
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content; None when it is missing or not JSON (a record being written, a damaged one)."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def make_temp_dir(parent: Path, prefix: str) -> Path:

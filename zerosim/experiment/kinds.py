@@ -27,7 +27,6 @@ from zerosim.training.config import TrainConfig
 log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"  # a finished stage's record: key, time, config, outputs
-ATTEMPT_FILE = "attempt.json"  # a running stage's time so far, and the MLflow runs its attempts started
 CODE_DIFF = (
     "code.diff"  # beside a record written by a checkout with uncommitted changes: `git diff HEAD` then
 )
@@ -62,13 +61,6 @@ class Stage:
 
 
 ROOT = "<root>"  # the experiment's folder, as its records write it: a copied or moved folder reads its own
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
 
 
 def relative_to_root(text: str, root: Path) -> str:

@@ -15,19 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.core.config import ConfigError
-from zerosim.core.fsutil import atomic_write_text
+from zerosim.core.fsutil import atomic_write_text, read_json
 from zerosim.core.runtime import cpu_times, others_cpu_share
 from zerosim.experiment.config import ExperimentConfig
 from zerosim.experiment.estimates import CONTENDED_SHARE, estimate_notes, estimates
 from zerosim.experiment.keys import status
 from zerosim.experiment.kinds import (
-    ATTEMPT_FILE,
     CODE_DIFF,
     KINDS,
     STAGE_FILE,
     Kind,
     Stage,
-    read_json,
     read_stage,
     relative_to_root,
     run_stage,
@@ -41,6 +39,7 @@ from zerosim.experiment.provenance import (
     read_by,
     short,
 )
+from zerosim.experiment.runlogs import ATTEMPT_FILE
 from zerosim.experiment.stagefiles import files_problem, written_files
 from zerosim.experiment.stages import build_stages
 

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zerosim.experiment.kinds import ATTEMPT_FILE, read_json
+from zerosim.core.fsutil import read_json
 
+ATTEMPT_FILE = "attempt.json"  # a running stage's time so far, and the MLflow runs its attempts started
 SAMPLES = "samples"  # a run's artifacts that travel: its sample trajectories (small JSONL)
 METRICS = "metrics.csv"
 RUN_FILE = "mlflow_run.json"  # a training job's run id, in <stage>/<run name>/ (written at its start)

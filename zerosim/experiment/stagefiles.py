@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.core.config import ConfigError
-from zerosim.experiment.kinds import ATTEMPT_FILE, ROOT, STAGE_FILE, Kind, Stage
+from zerosim.experiment.kinds import ROOT, STAGE_FILE, Kind, Stage
 from zerosim.experiment.provenance import CHECKPOINT_PREFIX, MODEL_DIRS, WEIGHT_SUFFIXES, file_sha256
+from zerosim.experiment.runlogs import ATTEMPT_FILE
 
 REPORT_FILES = (
     "report.json",
