@@ -192,7 +192,7 @@ def _runs_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         for run in row.get("runs", []):
             share = run.get("top_answer_share")
             top = "" if share is None else f"{run['top_answer'] or '(none)'}"
-            shown = "" if share is None else f"{100 * share:.1f}%"
+            shown = "" if share is None else _share(share)
             seed = "-" if run["seed"] is None else run["seed"]
             line = f"| {row['arm']} | {row['engine']} | {row['dataset']} | {seed} | {100 * run['em']:.1f} | {top} | {shown} |"
             if trained:
@@ -257,8 +257,9 @@ def write_report(
 ) -> dict[str, Any]:
     """report.json / report.md / report.png in ``root`` and on the active (parent) MLflow run. ``arms``: what
     each arm changes against the base recipe, in words. ``training``: (arm, seed) -> that training run's
-    invalid actions (:func:`zerosim.experiment.runlogs.training_signals`), shown beside its scores. ``interim`` (the evaluations finished and those still
-    to come, by name): a report of an experiment part-way, written to ``root`` only — no MLflow run."""
+    invalid actions (:func:`zerosim.experiment.runlogs.training_signals`), shown beside its scores.
+    ``interim`` (the evaluations finished and those still to come, by name): a report of an experiment
+    part-way, written to ``root`` only — no MLflow run."""
     import mlflow
 
     r = cfg.report
